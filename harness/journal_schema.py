@@ -1,0 +1,196 @@
+"""The journal's event schema: every kind, its fields, their types and meaning.
+
+This table is the contract between whatever writes a journal (the reference trainer,
+the agent attached to someone else's trainer) and whatever judges it (the oracles).
+`docs/journal.md` is written from the same words; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+#: Bumped when a field changes meaning or a required field is added. Readers refuse
+#: journals written with a newer version than they know.
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One field of an event: its JSON type, whether it must be present, what it means."""
+
+    type: str  # "int", "float", "str", "bool", "object"
+    doc: str
+    required: bool = False
+    nullable: bool = False
+
+    def accepts(self, value: Any) -> bool:
+        """True when ``value`` has this field's type (``None`` only where nullable)."""
+        if value is None:
+            return self.nullable
+        if self.type == "float":
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if self.type == "int":
+            return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, _PYTHON_TYPES[self.type])
+
+
+_PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "str": str,
+    "bool": bool,
+    "object": dict,
+}
+
+#: Fields every event carries, written by the journal writer itself.
+COMMON_FIELDS: MappingProxyType[str, FieldSpec] = MappingProxyType(
+    {
+        "v": FieldSpec("int", "Schema version the line was written with.", required=True),
+        "kind": FieldSpec("str", "Event kind, one of the kinds below.", required=True),
+        "wall": FieldSpec("float", "Wall-clock time, seconds since the epoch.", required=True),
+        "mono": FieldSpec(
+            "float",
+            "Monotonic clock, seconds; comparable between processes on one host only.",
+            required=True,
+        ),
+        "rank": FieldSpec("int", "Global rank of the writing process.", required=True),
+        "restart": FieldSpec(
+            "int",
+            "How many times the launcher had restarted the workers when this was written "
+            "(torchrun's restart count; 0 for the first attempt).",
+            required=True,
+        ),
+        "step": FieldSpec(
+            "int",
+            "Optimizer steps completed when the event happened. In a `step` event, the "
+            "step it reports: the first training step is 1.",
+            required=True,
+        ),
+    }
+)
+
+
+def _kind(**fields: FieldSpec) -> MappingProxyType[str, FieldSpec]:
+    return MappingProxyType(fields)
+
+
+_DETAILS = FieldSpec("object", "The figures behind the event, by name (free-form).")
+
+#: Kind -> its own fields (beyond the common ones), with a one-line meaning of the kind.
+EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]] = MappingProxyType(
+    {
+        "run_start": (
+            "A process began training (a fresh run or a resume).",
+            _kind(
+                world_size=FieldSpec("int", "Number of ranks in the job.", required=True),
+                pid=FieldSpec("int", "Process id of the writer.", required=True),
+                host=FieldSpec("str", "Host name of the writer.", required=True),
+                target_steps=FieldSpec("int", "Step the run trains to."),
+                preset=FieldSpec("str", "Reference-trainer preset, when there is one."),
+                seed=FieldSpec("int", "Seed of the run."),
+                precision=FieldSpec("str", "fp32, bf16 or fp16."),
+                device=FieldSpec("str", "cpu or cuda."),
+                resumed_from=FieldSpec(
+                    "str", "Checkpoint the run resumed from; null when fresh.", nullable=True
+                ),
+                config=FieldSpec("object", "The full trainer configuration."),
+            ),
+        ),
+        "step": (
+            "An optimizer step finished: what was observed about it.",
+            _kind(
+                loss=FieldSpec(
+                    "float",
+                    "Training loss of the step, averaged over all ranks (may be NaN/inf).",
+                    required=True,
+                ),
+                local_loss=FieldSpec("float", "Loss of this rank's share of the batch."),
+                grad_norm=FieldSpec(
+                    "float", "Global L2 norm of the gradients before clipping.", nullable=True
+                ),
+                lr=FieldSpec("float", "Learning rate applied at this step."),
+                loss_scale=FieldSpec(
+                    "float",
+                    "fp16 loss scale used for the step; null when unscaled.",
+                    nullable=True,
+                ),
+                tokens=FieldSpec("int", "Tokens the step trained on, summed over ranks."),
+                step_time=FieldSpec("float", "Seconds the step took on this rank."),
+                params_finite=FieldSpec(
+                    "bool", "Every parameter finite after the step (when checked)."
+                ),
+            ),
+        ),
+        "fault_injected": (
+            "A fault was injected.",
+            _kind(
+                fault=FieldSpec("str", "Fault kind, as in the fault registry.", required=True),
+                target=FieldSpec("str", "What was hit: a module, parameter, file or rank."),
+                details=_DETAILS,
+            ),
+        ),
+        "detected": (
+            "A detector claims it saw a problem.",
+            _kind(
+                detector=FieldSpec("str", "Name of the detector.", required=True),
+                details=_DETAILS,
+            ),
+        ),
+        "recovered": (
+            "A recovery action claims it ran.",
+            _kind(
+                action=FieldSpec("str", "Name of the recovery action.", required=True),
+                details=_DETAILS,
+            ),
+        ),
+        "checkpoint_saved": (
+            "A checkpoint became durable (its `latest` pointer written).",
+            _kind(
+                path=FieldSpec("str", "Checkpoint directory.", required=True),
+                bytes=FieldSpec("int", "Bytes on disk."),
+                seconds=FieldSpec("float", "Seconds the save took."),
+            ),
+        ),
+        "checkpoint_loaded": (
+            "A checkpoint was loaded and its state restored.",
+            _kind(path=FieldSpec("str", "Checkpoint directory.", required=True)),
+        ),
+        "checkpoint_rejected": (
+            "A checkpoint was refused on load.",
+            _kind(
+                path=FieldSpec("str", "Checkpoint directory or file.", required=True),
+                reason=FieldSpec("str", "Why it was refused.", required=True),
+            ),
+        ),
+        "rank_lost": (
+            "A rank stopped answering or died.",
+            _kind(
+                lost_rank=FieldSpec("int", "The rank that was lost.", required=True),
+                reason=FieldSpec("str", "How the loss was noticed."),
+            ),
+        ),
+        "restart": (
+            "Workers came back after a failure.",
+            _kind(
+                count=FieldSpec("int", "Restart count after this restart.", required=True),
+                reason=FieldSpec("str", "Why the restart happened, when known."),
+            ),
+        ),
+        "run_end": (
+            "A process stopped training.",
+            _kind(
+                status=FieldSpec("str", "completed, failed or stopped.", required=True),
+                reason=FieldSpec("str", "Why, when not completed."),
+                seconds=FieldSpec("float", "Seconds since this process's run_start."),
+            ),
+        ),
+    }
+)
+
+
+def field_spec(kind: str, name: str) -> FieldSpec | None:
+    """The spec of field ``name`` in events of ``kind``; None when there is no such field."""
+    if name in COMMON_FIELDS:
+        return COMMON_FIELDS[name]
+    entry = EVENT_KINDS.get(kind)
+    return entry[1].get(name) if entry else None

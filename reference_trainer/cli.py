@@ -1,0 +1,132 @@
+"""Command line of the reference trainer: parse, settle the configuration, train.
+
+Bad input (an unknown preset, a non-positive count, ``--resume`` with nothing to resume,
+an unreadable checkpoint) ends with one line on stderr and exit code 2, before anything
+on disk is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from harness.errors import TightropeError
+from reference_trainer.checkpoint import checkpoint_step
+from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
+from reference_trainer.errors import ConfigError
+from reference_trainer.run_dir import check_resumable
+
+PROG = "reference_trainer"
+#: Flags a resumed run may change; every other flag must match the saved configuration.
+_RESUMABLE_CHANGES = ("steps", "checkpoint_every", "keep_checkpoints", "log_every")
+_OVERRIDES = ("batch_size", "grad_accum", "precision", "seed", *_RESUMABLE_CHANGES)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (shared with the docs and tests)."""
+    p = _Parser(prog=PROG, description="Train tightrope's reference GPT.")
+    p.add_argument("--run-dir", type=Path, required=True, help="where the run's files go")
+    p.add_argument(
+        "--preset",
+        help=f"model and recipe: {', '.join(PRESETS)} (default: tiny; a resumed run keeps its own)",
+    )
+    p.add_argument("--steps", type=_positive_int, help="train until this step (default: preset's)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument(
+        "--stop-after",
+        type=_positive_int,
+        metavar="STEP",
+        help="stop with a checkpoint after this step, as if preempted (the schedule still "
+        "spans --steps)",
+    )
+    p.add_argument("--precision", choices=PRECISIONS, help="fp32, bf16 or fp16 (default: fp32)")
+    p.add_argument("--batch-size", type=_positive_int, help="sequences per rank per micro-step")
+    p.add_argument("--grad-accum", type=_positive_int, help="micro-steps per optimizer step")
+    p.add_argument("--seed", type=int, help="training seed (default: 0)")
+    p.add_argument("--checkpoint-every", type=_positive_int, help="steps between checkpoints")
+    p.add_argument("--keep-checkpoints", type=_positive_int, help="checkpoints kept on disk")
+    p.add_argument("--log-every", type=_positive_int, help="steps between progress lines")
+    p.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto"
+    )
+    return p
+
+
+def settle_config(args: argparse.Namespace) -> TrainConfig:
+    """The configuration to run: a preset with flags applied, or the resumed run's own."""
+    given = {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
+    if not args.resume:
+        cfg = preset(args.preset or "tiny")
+        return _apply(cfg, given)
+    cfg = TrainConfig.load(args.run_dir)
+    if args.preset is not None and args.preset != cfg.preset:
+        raise ConfigError(
+            f"--preset {args.preset} differs from the resumed run's preset {cfg.preset}"
+        )
+    for name, value in given.items():
+        if name not in _RESUMABLE_CHANGES and value != getattr(cfg, name):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{flag} {value} differs from the resumed run's {getattr(cfg, name)}; "
+                "a resumed run keeps its configuration"
+            )
+    return _apply(cfg, given)
+
+
+def _apply(cfg: TrainConfig, values: dict[str, object]) -> TrainConfig:
+    data = cfg.to_dict()
+    data.update(values)
+    return TrainConfig.from_dict(data)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        if args.resume:
+            latest = check_resumable(args.run_dir)
+            cfg = settle_config(args)
+            if checkpoint_step(latest) >= cfg.steps:
+                if rank == 0:
+                    print(
+                        f"{args.run_dir} is already at step {checkpoint_step(latest)}; "
+                        f"nothing to do for --steps {cfg.steps}"
+                    )
+                return 0
+            if args.stop_after is not None and args.stop_after <= checkpoint_step(latest):
+                raise ConfigError(
+                    f"--stop-after {args.stop_after} is not past the checkpoint's step "
+                    f"{checkpoint_step(latest)}"
+                )
+        else:
+            cfg = settle_config(args)
+        from reference_trainer.train import train  # torch and friends load only past here
+
+        if args.stop_after is not None and args.stop_after > cfg.steps:
+            raise ConfigError(f"--stop-after {args.stop_after} is past --steps {cfg.steps}")
+        train(cfg, args.run_dir, resume=args.resume, device=args.device, stop_after=args.stop_after)
+    except TightropeError as exc:
+        who = PROG if rank == 0 else f"{PROG}[rank {rank}]"
+        print(f"{who}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

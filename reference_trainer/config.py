@@ -1,0 +1,198 @@
+"""Configuration of a reference-trainer run: nested dataclasses and the named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.corpus import SOURCE_NAMES
+from reference_trainer.errors import ConfigError
+from reference_trainer.model import GPTConfig
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+CONFIG_FILE = "config.json"
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """The built-in corpus, its tokenizer and the special-token layout of each document."""
+
+    seed: int = 1234
+    """Seed of the generated corpus (independent of the training seed)."""
+    source_weights: dict[str, float] = field(
+        default_factory=lambda: {
+            "technical_docs": 0.4,
+            "social_chatter": 0.2,
+            "product_reviews": 0.2,
+            "code": 0.2,
+        }
+    )
+    """Share of documents drawn from each source; normalized, sources not named get 0."""
+    tokenizer_docs: int = 1000
+    """Documents from the start of the corpus used to train the BPE tokenizer."""
+    eot_at_start: int = 1
+    """`<|endoftext|>` tokens placed before each document."""
+    eot_every: int = 1024
+    """Inside a document, one `<|endoftext|>` after every this many tokens (0: never)."""
+    eot_at_end: int = 2
+    """`<|endoftext|>` tokens placed after each document."""
+
+    def __post_init__(self) -> None:
+        for name, weight in self.source_weights.items():
+            if name not in SOURCE_NAMES:
+                raise ConfigError(
+                    f"data.source_weights has unknown source {name!r}; "
+                    f"expected some of {', '.join(SOURCE_NAMES)}"
+                )
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ConfigError(f"data.source_weights.{name} must be >= 0, got {weight}")
+        if not any(w > 0 for w in self.source_weights.values()):
+            raise ConfigError("data.source_weights must give at least one source a weight > 0")
+        _positive("data.tokenizer_docs", self.tokenizer_docs)
+        for name in ("eot_at_start", "eot_every", "eot_at_end"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"data.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    """AdamW with layered epsilon, warmup then cosine decay held flat for the last 20%."""
+
+    base_lr: float = 3e-3
+    """Peak learning rate at the reference batch size."""
+    reference_batch: int = 8
+    """Global batch (sequences) at which the peak learning rate is `base_lr`; other batch
+    sizes scale it by sqrt(global_batch / reference_batch)."""
+    warmup_steps: int = 10
+    """Steps of linear warmup from 0 to the peak."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on matrices; never on norms, biases or embeddings."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps_embedding: float = 1e-6
+    eps_attention: float = 1e-5
+    eps_feed_forward: float = 1e-4
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0: no clipping)."""
+
+    def __post_init__(self) -> None:
+        for name in ("base_lr", "eps_embedding", "eps_attention", "eps_feed_forward"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"optim.{name} must be > 0, got {getattr(self, name)}")
+        _positive("optim.reference_batch", self.reference_batch)
+        for name in ("warmup_steps", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """Everything that decides what a run computes."""
+
+    preset: str
+    model: GPTConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    steps: int = 200
+    """Train until this many optimizer steps are done."""
+    batch_size: int = 8
+    """Sequences per rank per micro-step."""
+    grad_accum: int = 1
+    """Micro-steps accumulated per optimizer step."""
+    precision: str = "fp32"
+    """fp32, bf16 (autocast) or fp16 (autocast plus dynamic loss scaling)."""
+    seed: int = 0
+    """Seed of model initialization and every random draw of training."""
+    checkpoint_every: int = 20
+    """Save a full checkpoint every this many steps (and at the last step)."""
+    keep_checkpoints: int = 3
+    """Complete checkpoints kept on disk; older ones are deleted after a save."""
+    log_every: int = 10
+    """Print a progress line every this many steps (rank 0 only)."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        for name in ("steps", "batch_size", "grad_accum", "checkpoint_every", "log_every"):
+            _positive(name, getattr(self, name))
+        _positive("keep_checkpoints", self.keep_checkpoints)
+
+    def global_batch(self, world_size: int) -> int:
+        """Sequences per optimizer step over all ranks."""
+        return self.batch_size * self.grad_accum * world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Rebuild from `to_dict` output; unknown or missing keys raise `ConfigError`."""
+        try:
+            values = dict(data)
+            values["model"] = GPTConfig(**values["model"])
+            values["data"] = DataConfig(**values["data"])
+            values["optim"] = OptimConfig(**values["optim"])
+            return cls(**values)
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"configuration does not match this trainer: {exc}") from exc
+
+    def save(self, run_dir: Path) -> None:
+        """Write the configuration to ``run_dir/config.json``."""
+        (run_dir / CONFIG_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> TrainConfig:
+        """Read ``run_dir/config.json``."""
+        path = run_dir / CONFIG_FILE
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read the run's configuration {path}: {exc}") from exc
+
+
+def _positive(name: str, value: int) -> None:
+    if not (isinstance(value, int) and value > 0):
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _tiny() -> TrainConfig:
+    return TrainConfig(
+        preset="tiny",
+        model=GPTConfig(vocab_size=2048, block_size=64, n_layer=2, n_head=2, n_embd=64),
+        data=DataConfig(tokenizer_docs=1000),
+        optim=OptimConfig(base_lr=6e-3, reference_batch=8, warmup_steps=5),
+        batch_size=8,
+        checkpoint_every=20,
+    )
+
+
+def _small() -> TrainConfig:
+    return TrainConfig(
+        preset="small",
+        model=GPTConfig(vocab_size=4096, block_size=256, n_layer=4, n_head=4, n_embd=256),
+        data=DataConfig(tokenizer_docs=3000),
+        optim=OptimConfig(base_lr=1e-3, reference_batch=8, warmup_steps=20),
+        batch_size=8,
+        checkpoint_every=100,
+    )
+
+
+PRESETS = {"tiny": _tiny, "small": _small}
+
+
+def preset(name: str) -> TrainConfig:
+    """A fresh configuration of the named preset."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None

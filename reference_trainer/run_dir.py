@@ -1,0 +1,31 @@
+"""What a run directory must hold before a command may touch it; checked before any write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.journal import JOURNAL_DIR
+from reference_trainer.checkpoint import checkpoint_root, latest_checkpoint
+from reference_trainer.errors import RunDirError
+
+
+def check_fresh(run_dir: Path) -> None:
+    """A fresh run must not land on top of another run's checkpoints or journal."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--run-dir {run_dir} exists and is not a directory")
+    taken = [p.name for p in (checkpoint_root(run_dir), run_dir / JOURNAL_DIR) if p.exists()]
+    if taken:
+        raise RunDirError(
+            f"--run-dir {run_dir} already holds a run ({' and '.join(taken)}); "
+            "pass --resume to continue it, or choose another --run-dir"
+        )
+
+
+def check_resumable(run_dir: Path) -> Path:
+    """The checkpoint a resume starts from; an error when there is none."""
+    if not run_dir.is_dir():
+        raise RunDirError(f"--resume: run dir {run_dir} does not exist")
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        raise RunDirError(f"--resume: {run_dir} holds no checkpoint to resume from")
+    return latest
