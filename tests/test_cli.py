@@ -1,0 +1,163 @@
+"""Bad input at the command line: one line naming the problem, exit 2, nothing on disk lost."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main as tightrope
+from reference_trainer.cli import main as trainer
+
+from .conftest import run_module
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with a hash of its bytes."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny run trained to step 4 with checkpoints at 2 and 4."""
+    run_dir = tmp_path_factory.mktemp("runs") / "done"
+    args = ["--preset", "tiny", "--steps", "4", "--checkpoint-every", "2", "--run-dir"]
+    assert trainer([*args, str(run_dir)]) == 0
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run: Path, tmp_path: Path) -> Path:
+    """A private copy of the finished run that a test may damage."""
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The single line the command wrote to stderr."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("reference_trainer: error: ") or lines[0].startswith(
+        "tightrope: error: "
+    )
+    return lines[0]
+
+
+def exit_code(command: Callable[[list[str]], int], argv: list[str]) -> int:
+    """What a command-line entry point exits with, whether it returns or raises SystemExit."""
+    try:
+        return command(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preset", "huge"], "unknown preset 'huge'; choose one of tiny, small"),
+        (["--steps", "0"], "argument --steps: expected a positive integer, got 0"),
+        (["--steps", "-3"], "argument --steps: expected a positive integer, got -3"),
+        (["--steps", "ten"], "argument --steps: expected a positive integer, got 'ten'"),
+        (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+        (["--steps", "10", "--stop-after", "20"], "--stop-after 20 is past --steps 10"),
+        (["--resume"], "--resume: run dir"),
+    ],
+)
+def test_bad_arguments_fail_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    run_dir = tmp_path / "new"
+    assert exit_code(trainer, [*argv, "--run-dir", str(run_dir)]) == 2
+    assert message in one_error_line(capsys)
+    assert not run_dir.exists()
+
+
+def test_resume_of_a_dir_without_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    assert trainer(["--run-dir", str(tmp_path), "--resume"]) == 2
+    assert "holds no checkpoint to resume from" in one_error_line(capsys)
+    assert snapshot(tmp_path) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
+
+
+def test_fresh_run_refuses_a_dir_holding_a_run(
+    run_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(run_copy)
+    assert trainer(["--run-dir", str(run_copy), "--steps", "8"]) == 2
+    assert "already holds a run (checkpoints and journal); pass --resume" in one_error_line(capsys)
+    assert snapshot(run_copy) == before
+
+
+def test_unreadable_checkpoint_is_named_and_nothing_changes(
+    run_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = run_copy / "checkpoints" / "step-00000004" / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    before = snapshot(run_copy)
+    assert trainer(["--run-dir", str(run_copy), "--resume", "--steps", "8"]) == 2
+    assert f"checkpoint file {state} is unreadable" in one_error_line(capsys)
+    assert snapshot(run_copy) == before
+
+
+def test_resume_refuses_a_changed_configuration(
+    run_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(run_copy)
+    code = trainer(["--run-dir", str(run_copy), "--resume", "--steps", "8", "--precision", "fp16"])
+    assert code == 2
+    assert "--precision fp16 differs from the resumed run's fp32" in one_error_line(capsys)
+    assert trainer(["--run-dir", str(run_copy), "--resume", "--preset", "small"]) == 2
+    assert "--preset small differs from the resumed run's preset tiny" in one_error_line(capsys)
+    assert snapshot(run_copy) == before
+
+
+def test_resume_of_a_finished_run_has_nothing_to_do(
+    run_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(run_copy)
+    assert trainer(["--run-dir", str(run_copy), "--resume", "--steps", "4"]) == 0
+    assert "already at step 4; nothing to do" in capsys.readouterr().out
+    assert snapshot(run_copy) == before
+
+
+def test_resume_continues_to_the_new_target(run_copy: Path) -> None:
+    assert trainer(["--run-dir", str(run_copy), "--resume", "--steps", "6"]) == 0
+    assert (run_copy / "checkpoints" / "latest").read_text().strip() == "step-00000006"
+
+
+def test_trainer_error_from_a_real_process_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    proc = run_module("-m", "reference_trainer", "--preset", "huge", "--run-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "reference_trainer: error: unknown preset 'huge'; choose one of tiny, small"
+    )
+
+
+def test_tightrope_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code(tightrope, ["--help"]) == 0
+    assert "summary" in capsys.readouterr().out
+
+
+def test_tightrope_summary_reads_the_journal(
+    finished_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert tightrope(["summary", str(finished_run)]) == 0
+    out = capsys.readouterr().out
+    assert "completed at step 4/4" in out
+    assert "2 saved, 0 loaded" in out
+
+
+def test_tightrope_summary_of_a_dir_without_journal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert tightrope(["summary", str(tmp_path)]) == 2
+    assert "no journal in" in one_error_line(capsys)
