@@ -1,10 +1,10 @@
-"""The root of every error tightrope raises on purpose."""
+"""Errors of the harness; the root `TightropeError` is shared with faults/ and the trainer."""
 
 from __future__ import annotations
 
+from faults.errors import TightropeError
 
-class TightropeError(Exception):
-    """Base class: the message names the file, field or step and what was expected."""
+__all__ = ["JournalError", "TightropeError"]
 
 
 class JournalError(TightropeError):

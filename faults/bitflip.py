@@ -1,0 +1,182 @@
+"""The bitflip fault: flip one bit of a few elements of a weight, gradient or optimizer state.
+
+A flip goes through an integer view of the tensor's own storage, so it is exact: the
+raw bits before and after differ in one position on exactly ``count`` elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
+
+import torch
+from pydantic import Field
+
+from faults.errors import InjectionError
+from faults.injector import Injection, Injector, StepContext, matching_parameters, require_model
+from faults.numeric import as_1d_if_scalar, flat_coords, no_match, require_optimizer
+from faults.registry import register
+from faults.spec import FaultSpec, seeded
+
+BitClass = Literal["sign", "exponent", "mantissa"]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where sign, exponent and mantissa sit in one floating-point format."""
+
+    width: int
+    mantissa: int  # mantissa bits: 0 .. mantissa-1; exponent: mantissa .. width-2
+    as_int: torch.dtype
+
+    def positions(self, bit_class: BitClass) -> range:
+        """The bit positions of ``bit_class``."""
+        if bit_class == "sign":
+            return range(self.width - 1, self.width)
+        if bit_class == "exponent":
+            return range(self.mantissa, self.width - 1)
+        return range(self.mantissa)
+
+    def classify(self, bit: int) -> BitClass:
+        """The class of bit position ``bit``."""
+        if bit == self.width - 1:
+            return "sign"
+        return "exponent" if bit >= self.mantissa else "mantissa"
+
+    def describe(self) -> str:
+        """E.g. 'sign 15, exponent 10-14, mantissa 0-9'."""
+        return f"sign {self.width - 1}, exponent {self.mantissa}-{self.width - 2}, " + (
+            f"mantissa 0-{self.mantissa - 1}"
+        )
+
+
+LAYOUTS: dict[torch.dtype, Layout] = {
+    torch.float64: Layout(64, 52, torch.int64),
+    torch.float32: Layout(32, 23, torch.int32),
+    torch.float16: Layout(16, 10, torch.int16),
+    torch.bfloat16: Layout(16, 7, torch.int16),
+}
+
+
+def flip_mask(bit: int, width: int) -> int:
+    """``1 << bit`` as the signed integer of ``width`` bits (the top bit is negative)."""
+    return -(1 << bit) if bit == width - 1 else 1 << bit
+
+
+class BitflipSpec(FaultSpec):
+    """Flip a bit in a few elements of one matching tensor."""
+
+    kind: Literal["bitflip"] = "bitflip"
+    description: ClassVar[str] = (
+        "Flip one bit in a few elements of a weight, grad or optimizer state."
+    )
+    fault_class: ClassVar[str] = "numeric"
+
+    target: str = Field(default="*", description="Glob on parameter names; one match is picked.")
+    tensor: Literal["weights", "gradients", "optimizer_state"] = Field(
+        default="weights", description="Which tensor of the chosen parameter is hit."
+    )
+    bit: Annotated[int, Field(ge=0, le=63)] | BitClass = Field(
+        default="exponent",
+        description="Bit position (checked against the dtype), or a class: a position in "
+        "it is drawn (seeded).",
+    )
+    count: int = Field(default=1, ge=1, description="Distinct elements flipped.")
+    state_key: str = Field(
+        default="exp_avg", min_length=1, description="Optimizer state entry (optimizer_state)."
+    )
+
+
+class BitflipInjector(Injector[BitflipSpec]):
+    """Gradients flip after the backward pass; weights and optimizer state after the step."""
+
+    def after_backward(self, ctx: StepContext) -> list[Injection]:
+        """Flip a gradient bit."""
+        return self._flip(ctx) if self.spec.tensor == "gradients" else []
+
+    def after_optimizer_step(self, ctx: StepContext) -> list[Injection]:
+        """Flip a weight or optimizer-state bit."""
+        return self._flip(ctx) if self.spec.tensor != "gradients" else []
+
+    def _candidates(self, ctx: StepContext) -> list[tuple[str, torch.Tensor]]:
+        spec = self.spec
+        model = require_model(ctx, spec.kind)
+        matched = sorted(matching_parameters(model, spec.target), key=lambda item: item[0])
+        found: list[tuple[str, torch.Tensor]] = []
+        if spec.tensor == "weights":
+            found = [(name, p.detach()) for name, p in matched]
+        elif spec.tensor == "gradients":
+            found = [(name, p.grad.detach()) for name, p in matched if p.grad is not None]
+        else:
+            optimizer = require_optimizer(ctx, f"{spec.kind} on optimizer_state")
+            for name, p in matched:
+                value = optimizer.state.get(p, {}).get(spec.state_key)
+                if isinstance(value, torch.Tensor):
+                    found.append((name, value.detach()))
+            if matched and not found:
+                keys = sorted({k for state in optimizer.state.values() for k in state})
+                raise InjectionError(
+                    f"bitflip: no parameter matching {spec.target!r} has optimizer state "
+                    f"{spec.state_key!r} (keys present: {', '.join(keys) or 'none'}; "
+                    "state appears after the first optimizer step)"
+                )
+        if not matched:
+            names = [name for name, _ in model.named_parameters()]
+            raise no_match(spec.kind, "parameter", spec.target, names)
+        if not found:
+            names = [name for name, _ in matched]
+            raise no_match(spec.kind, "parameter with a gradient", spec.target, names)
+        # A tensor smaller than `count` cannot take `count` distinct flips.
+        big_enough = [(name, t) for name, t in found if t.numel() >= spec.count]
+        if not big_enough:
+            raise InjectionError(
+                f"bitflip: count={spec.count} but no {spec.tensor} tensor matching "
+                f"{spec.target!r} has that many elements"
+            )
+        return big_enough
+
+    def _flip(self, ctx: StepContext) -> list[Injection]:
+        spec = self.spec
+        candidates = self._candidates(ctx)
+        key = (spec.seed, spec.kind, ctx.step, ctx.rank)
+        name, t = seeded(*key, "param").choice(candidates)
+        layout = LAYOUTS.get(t.dtype)
+        if layout is None:
+            raise InjectionError(
+                f"bitflip: {name} {spec.tensor} is {t.dtype}; supported: "
+                + ", ".join(str(d) for d in LAYOUTS)
+            )
+        if isinstance(spec.bit, int):
+            if spec.bit >= layout.width:
+                raise InjectionError(
+                    f"bitflip: bit {spec.bit} is out of range for {t.dtype} of {name} "
+                    f"({layout.width} bits: {layout.describe()})"
+                )
+            bit = spec.bit
+        else:
+            bit = seeded(*key, "bit").choice(layout.positions(spec.bit))
+        indices = sorted(seeded(*key, "indices").sample(range(t.numel()), spec.count))
+        values = as_1d_if_scalar(t)
+        coords = flat_coords(t, torch.tensor(indices))
+        ints = values.view(layout.as_int)
+        mask = torch.tensor(flip_mask(bit, layout.width), dtype=layout.as_int, device=t.device)
+        with torch.no_grad():
+            before = values[coords].tolist()
+            ints[coords] = ints[coords] ^ mask
+            after = values[coords].tolist()
+        details = {
+            "param": name,
+            "tensor": spec.tensor,
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "bit": bit,
+            "bit_class": layout.classify(bit),
+            "indices": indices,
+            "before": before,
+            "after": after,
+        }
+        if spec.tensor == "optimizer_state":
+            details["state_key"] = spec.state_key
+        return [Injection(fault=spec.kind, target=name, details=details)]
+
+
+register(BitflipSpec, BitflipInjector)

@@ -1,0 +1,410 @@
+"""Checkpoint faults: damage saved checkpoint files on disk, as a bad disk or a crash would.
+
+The layout is the reference trainer's (a foreign trainer with the same shape passes
+``directory``)::
+
+    ROOT/step-00000040/state.pt, rng-rank-R.pt, manifest.json
+    ROOT/latest          the text "step-00000040\\n"
+    ROOT/.step-N.tmp/    a save in progress: never a target
+
+ROOT is ``RUN_DIR/checkpoints`` unless ``directory`` names another folder (a relative one
+is taken relative to RUN_DIR). ``checkpoint`` picks the victim: ``latest`` (the folder
+``latest`` names; without that file, the newest ``step-*`` folder), ``previous`` (the
+newest checkpoint older than latest) or an explicit name such as ``step-00000040``.
+
+Every injector has ``apply(run_dir)`` for direct use; ``end_step`` calls it, and the agent
+calls ``end_step`` after the step's checkpoint save. Every target is checked before the
+first byte is written, so an `InjectionError` leaves the tree as it was. Writes are real:
+opened ``r+b``, written, flushed and fsynced.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import Field, model_validator
+
+from faults.errors import InjectionError
+from faults.injector import Injection, Injector, StepContext
+from faults.registry import register
+from faults.spec import FaultSpec, seeded
+
+LATEST = "latest"
+STATE_FILE = "state.pt"
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"step-(\d{8})")
+_WHICH = r"^(latest|previous|step-\d{8})$"
+DELTA_FILE = "delta.bin"
+DATA = "data"  # the default target: the data file, full or delta
+
+
+class CheckpointFaultSpec(FaultSpec):
+    """Fields every checkpoint kind shares: where the checkpoints live, which rank acts."""
+
+    fault_class: ClassVar[str] = "checkpoint"
+
+    directory: str | None = Field(
+        default=None, min_length=1, description="Default: RUN_DIR/checkpoints."
+    )
+    ranks: list[int] | Literal["all", "random"] = Field(
+        default=[0], description="Ranks that damage files."
+    )
+
+
+class CheckpointFileSpec(CheckpointFaultSpec):
+    """Fields of the kinds that damage files inside one checkpoint."""
+
+    checkpoint: str = Field(
+        default="latest", pattern=_WHICH, description="latest, previous, step-NNNNNNNN."
+    )
+    file: str = Field(
+        default=DATA,
+        min_length=1,
+        description="Glob of the files damaged (all of them), or `data`: the checkpoint's "
+        "data file, state.pt or, in a delta checkpoint, delta.bin.",
+    )
+
+
+def checkpoints_root(spec: CheckpointFaultSpec, run_dir: str | Path | None) -> Path:
+    """The folder holding the checkpoints, which must exist."""
+    if spec.directory is not None and Path(spec.directory).is_absolute():
+        root = Path(spec.directory)
+    elif run_dir is None:
+        raise InjectionError(f"{spec.kind} needs the run directory; attach the agent with one")
+    else:
+        root = Path(run_dir) / (spec.directory or "checkpoints")
+    if not root.is_dir():
+        raise InjectionError(f"checkpoint directory {root} does not exist")
+    return root
+
+
+def _step(path: Path) -> int:
+    match = _NAME.fullmatch(path.name)
+    if match is None:
+        raise InjectionError(f"{path} is not a checkpoint directory (expected step-NNNNNNNN)")
+    return int(match.group(1))
+
+
+def _complete(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if _NAME.fullmatch(p.name) and p.is_dir())
+
+
+def latest_checkpoint(root: Path) -> Path:
+    """The folder ``latest`` names or, without that file, the newest checkpoint."""
+    pointer = root / LATEST
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        path = root / name
+        if not _NAME.fullmatch(name) or not path.is_dir():
+            raise InjectionError(f"{pointer} names {name!r}, but {path} is not a checkpoint")
+        return path
+    done = _complete(root)
+    if not done:
+        raise InjectionError(f"no checkpoint in {root} (no {LATEST} file, no step-* folder)")
+    return done[-1]
+
+
+def previous_checkpoint(root: Path, latest: Path) -> Path:
+    """The newest complete checkpoint older than ``latest``."""
+    older = [p for p in _complete(root) if _step(p) < _step(latest)]
+    if not older:
+        raise InjectionError(f"no checkpoint older than {latest.name} in {root}")
+    return older[-1]
+
+
+def resolve_checkpoint(root: Path, which: str) -> Path:
+    """``latest``, ``previous`` or an explicit name, as an existing folder."""
+    if which == "latest":
+        return latest_checkpoint(root)
+    if which == "previous":
+        return previous_checkpoint(root, latest_checkpoint(root))
+    path = root / which
+    if not path.is_dir():
+        raise InjectionError(f"checkpoint {path} does not exist")
+    return path
+
+
+def _write(path: Path, offset: int, data: bytes, end: int | None = None) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+        if end is not None:
+            f.truncate(end)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_latest(root: Path, name: str) -> None:
+    tmp = root / f".{LATEST}.tmp"
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / LATEST)
+    _fsync(root)
+
+
+S = TypeVar("S", bound=CheckpointFaultSpec)
+F = TypeVar("F", bound=CheckpointFileSpec)
+
+
+class CheckpointInjector(Injector[S]):
+    """Base: ``end_step`` applies the damage to the run's checkpoints."""
+
+    def end_step(self, ctx: StepContext) -> list[Injection]:
+        """Damage the checkpoint the step's save left behind."""
+        return self.apply(ctx.run_dir)
+
+    def apply(self, run_dir: str | Path | None) -> list[Injection]:
+        """Damage the checkpoints of the run in ``run_dir``; one record per file touched."""
+        return self._damage(checkpoints_root(self.spec, run_dir))
+
+    def _damage(self, root: Path) -> list[Injection]:
+        raise NotImplementedError
+
+
+class FileInjector(CheckpointInjector[F]):
+    """Base of the kinds that damage each file matching ``file`` in one checkpoint."""
+
+    def _damage(self, root: Path) -> list[Injection]:
+        ckpt = resolve_checkpoint(root, self.spec.checkpoint)
+        if self.spec.file == DATA:
+            files = [p for p in (ckpt / STATE_FILE, ckpt / DELTA_FILE) if p.is_file()][:1]
+        else:
+            files = sorted(p for p in ckpt.glob(self.spec.file) if p.is_file())
+        if not files:
+            raise InjectionError(f"no file matching {self.spec.file!r} in {ckpt}")
+        plans = [(path, self._prepare(root, ckpt, path)) for path in files]  # check all first
+        records = []
+        for path, plan in plans:
+            size = path.stat().st_size
+            details = {"checkpoint": ckpt.name, "file": str(path), "size_before": size}
+            details |= self._act(path, plan)
+            if path.exists():
+                details["size_after"] = path.stat().st_size
+            records.append(Injection(fault=self.spec.kind, target=str(path), details=details))
+        return records
+
+    def _rng_parts(self, ckpt: Path, path: Path) -> tuple[str, str, str]:
+        return (self.spec.kind, ckpt.name, path.relative_to(ckpt).as_posix())
+
+    def _prepare(self, root: Path, ckpt: Path, path: Path) -> dict[str, Any]:
+        return {}
+
+    def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class BitflipFileSpec(CheckpointFileSpec):
+    """Flip one bit of each matched file."""
+
+    kind: Literal["bitflip_file"] = "bitflip_file"
+    description: ClassVar[str] = "Flip one bit of a checkpoint file (silent disk corruption)."
+    offset: int | None = Field(default=None, ge=0, description="Byte to flip; seeded when unset.")
+    bit: int | None = Field(
+        default=None, ge=0, le=7, description="Bit of that byte; seeded when unset."
+    )
+
+
+class BitflipFileInjector(FileInjector[BitflipFileSpec]):
+    """Flips exactly one bit per file."""
+
+    def _prepare(self, root: Path, ckpt: Path, path: Path) -> dict[str, Any]:
+        size = path.stat().st_size
+        if size == 0:
+            raise InjectionError(f"{path} is empty; there is no bit to flip")
+        rng = seeded(self.spec.seed, *self._rng_parts(ckpt, path))
+        offset = self.spec.offset if self.spec.offset is not None else rng.randrange(size)
+        bit = self.spec.bit if self.spec.bit is not None else rng.randrange(8)
+        if offset >= size:
+            raise InjectionError(f"offset {offset} is past the end of {path} ({size} bytes)")
+        return {"offset": offset, "bit": bit}
+
+    def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+        with open(path, "rb") as f:
+            f.seek(plan["offset"])
+            before = f.read(1)[0]
+        after = before ^ (1 << plan["bit"])
+        _write(path, plan["offset"], bytes([after]))
+        return plan | {"byte_before": before, "byte_after": after}
+
+
+class TruncateSpec(CheckpointFileSpec):
+    """Cut each matched file short."""
+
+    kind: Literal["truncate"] = "truncate"
+    description: ClassVar[str] = "Truncate a checkpoint file (a save cut short)."
+    keep_fraction: float = Field(default=0.5, ge=0, lt=1, description="Share of the file kept.")
+
+
+class TruncateInjector(FileInjector[TruncateSpec]):
+    """Keeps ``floor(size * keep_fraction)`` bytes of each file."""
+
+    def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+        _write(path, 0, b"", int(path.stat().st_size * self.spec.keep_fraction))
+        return {"keep_fraction": self.spec.keep_fraction}
+
+
+class ZeroPageSpec(CheckpointFileSpec):
+    """Zero one page of each matched file."""
+
+    kind: Literal["zero_page"] = "zero_page"
+    description: ClassVar[str] = "Overwrite one page of a checkpoint file with zeros (lost write)."
+    page_size: int = Field(default=4096, ge=1, description="Bytes in a page.")
+    offset: int | None = Field(
+        default=None, ge=0, description="Page-aligned start; seeded when unset."
+    )
+
+    @model_validator(mode="after")
+    def _aligned(self) -> ZeroPageSpec:
+        if self.offset is not None and self.offset % self.page_size:
+            raise ValueError(f"offset {self.offset} is no multiple of page_size {self.page_size}")
+        return self
+
+
+class ZeroPageInjector(FileInjector[ZeroPageSpec]):
+    """Writes zeros over one page, or up to the end of the file when that is shorter."""
+
+    def _prepare(self, root: Path, ckpt: Path, path: Path) -> dict[str, Any]:
+        size, page = path.stat().st_size, self.spec.page_size
+        if size == 0:
+            raise InjectionError(f"{path} is empty; there is no page to zero")
+        rng = seeded(self.spec.seed, *self._rng_parts(ckpt, path))
+        offset = self.spec.offset
+        if offset is None:
+            offset = rng.randrange(math.ceil(size / page)) * page
+        if offset >= size:
+            raise InjectionError(f"offset {offset} is past the end of {path} ({size} bytes)")
+        return {"offset": offset, "length": min(page, size - offset), "page_size": page}
+
+    def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+        with open(path, "rb") as f:
+            f.seek(plan["offset"])
+            nonzero = sum(1 for b in f.read(plan["length"]) if b)
+        _write(path, plan["offset"], bytes(plan["length"]))
+        return plan | {"nonzero_bytes_before": nonzero}
+
+
+class DeleteFileSpec(CheckpointFileSpec):
+    """Delete each matched file."""
+
+    kind: Literal["delete_file"] = "delete_file"
+    description: ClassVar[str] = "Delete a file from a checkpoint (lost file)."
+
+
+class _DeleteInjector(FileInjector[F]):
+    """Removes each file and fsyncs its folder."""
+
+    def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+        path.unlink()
+        _fsync(path.parent)
+        return {"deleted": True}
+
+
+class DeleteManifestSpec(CheckpointFileSpec):
+    """Delete the checkpoint's manifest."""
+
+    kind: Literal["delete_manifest"] = "delete_manifest"
+    description: ClassVar[str] = "Delete a checkpoint's manifest.json (unverifiable checkpoint)."
+    file: Literal["manifest.json"] = Field(
+        default="manifest.json", description="Always manifest.json."
+    )
+
+
+class DeleteFileInjector(_DeleteInjector[DeleteFileSpec]):
+    """Deletes every file matching ``file``."""
+
+
+class DeleteManifestInjector(_DeleteInjector[DeleteManifestSpec]):
+    """Deletes ``manifest.json``; an error when the checkpoint has none."""
+
+
+class SwapSpec(CheckpointFileSpec):
+    """Replace each matched file with the same file from another checkpoint."""
+
+    kind: Literal["swap"] = "swap"
+    description: ClassVar[str] = "Replace a checkpoint file with its twin from another checkpoint."
+    source: str = Field(
+        default="previous", pattern=_WHICH, description="Checkpoint the twin comes from."
+    )
+
+
+class SwapInjector(FileInjector[SwapSpec]):
+    """Overwrites each file in place with the bytes of its twin."""
+
+    def _prepare(self, root: Path, ckpt: Path, path: Path) -> dict[str, Any]:
+        other = resolve_checkpoint(root, self.spec.source)
+        if other.resolve() == ckpt.resolve():
+            raise InjectionError(f"source and checkpoint both name {ckpt}; nothing to swap")
+        twin = other / path.relative_to(ckpt)
+        if not twin.is_file():
+            raise InjectionError(f"{twin} does not exist; nothing to swap in for {path.name}")
+        return {"source": str(twin)}
+
+    def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+        data = Path(plan["source"]).read_bytes()
+        _write(path, 0, data, len(data))
+        return plan
+
+
+class StaleLatestSpec(CheckpointFaultSpec):
+    """Make ``latest`` name an older or a partial checkpoint."""
+
+    kind: Literal["stale_latest"] = "stale_latest"
+    description: ClassVar[str] = "Point latest at an older checkpoint or at a partial one."
+    to: Literal["previous", "partial"] = Field(
+        default="previous",
+        description="previous: the last complete older checkpoint; partial: a new half-written "
+        "copy of latest (state.pt cut to half, no manifest) at the next step number.",
+    )
+
+
+class StaleLatestInjector(CheckpointInjector[StaleLatestSpec]):
+    """Rewrites ``latest`` (atomically, like a real save would)."""
+
+    def _damage(self, root: Path) -> list[Injection]:
+        pointer = root / LATEST
+        if not pointer.is_file():
+            raise InjectionError(f"{pointer} does not exist; there is no latest to make stale")
+        latest = latest_checkpoint(root)
+        details: dict[str, Any] = {"to": self.spec.to, "latest_before": latest.name}
+        if self.spec.to == "previous":
+            target = previous_checkpoint(root, latest)
+        else:
+            target = root / f"step-{_step(latest) + 1:08d}"
+            state = latest / STATE_FILE
+            if target.exists():
+                raise InjectionError(f"{target} already exists; a partial checkpoint needs it free")
+            if not state.is_file():
+                raise InjectionError(f"{state} does not exist; nothing to copy as partial")
+            shutil.copytree(latest, target, ignore=shutil.ignore_patterns(MANIFEST))
+            size = state.stat().st_size
+            _write(target / STATE_FILE, 0, b"", size // 2)
+            for path in [*target.rglob("*"), target, root]:
+                _fsync(path)
+            details |= {"state_size_before": size, "state_size_after": size // 2}
+        _write_latest(root, target.name)
+        details["latest_after"] = target.name
+        return [Injection(fault=self.spec.kind, target=str(pointer), details=details)]
+
+
+register(BitflipFileSpec, BitflipFileInjector)
+register(TruncateSpec, TruncateInjector)
+register(ZeroPageSpec, ZeroPageInjector)
+register(DeleteFileSpec, DeleteFileInjector)
+register(DeleteManifestSpec, DeleteManifestInjector)
+register(StaleLatestSpec, StaleLatestInjector)
+register(SwapSpec, SwapInjector)

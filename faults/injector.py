@@ -1,0 +1,108 @@
+"""How a fault acts: an injector with hooks the agent calls at fixed points of a step.
+
+The agent (in harness/) owns the loop position and calls, for every armed fault whose
+spec says it is active at this step on this rank:
+
+    on_batch(ctx, batch)   -> batch     before the forward pass (bad data)
+    before_forward(ctx)                 install forward hooks (activation blow-up)
+    after_backward(ctx)                 gradients exist, before unscale/clip/step
+    before_optimizer_step(ctx)          just before optimizer.step (learning rate)
+    after_optimizer_step(ctx)           weights and optimizer state updated
+    end_step(ctx)                       the step is over: undo temporary changes
+
+Each hook that changes something returns `Injection` records; the agent journals them
+as ``fault_injected`` events. Faults that act outside the loop (files, processes) have
+an ``apply`` of their own and are driven the same way from ``end_step``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch import nn
+
+from faults.errors import InjectionError
+from faults.spec import FaultSpec
+
+SpecT = TypeVar("SpecT", bound=FaultSpec)
+
+
+@dataclass(slots=True)
+class StepContext:
+    """What an injector may touch at one step on one rank."""
+
+    step: int
+    rank: int
+    world_size: int
+    model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    run_dir: str | None = None
+    #: Process ids the job registered, by rank (for process faults).
+    pids: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """One thing a fault did: journaled as ``fault_injected``."""
+
+    fault: str
+    target: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Injector(Generic[SpecT]):
+    """Base injector: every hook does nothing; subclasses override the ones they need."""
+
+    def __init__(self, spec: SpecT) -> None:
+        self.spec = spec
+
+    def on_batch(
+        self, ctx: StepContext, batch: torch.Tensor
+    ) -> tuple[torch.Tensor, list[Injection]]:
+        """Replace or alter the batch about to be trained on."""
+        return batch, []
+
+    def before_forward(self, ctx: StepContext) -> list[Injection]:
+        """Called before the forward pass."""
+        return []
+
+    def after_backward(self, ctx: StepContext) -> list[Injection]:
+        """Called when gradients exist, before unscaling, clipping and the optimizer step."""
+        return []
+
+    def before_optimizer_step(self, ctx: StepContext) -> list[Injection]:
+        """Called just before ``optimizer.step``."""
+        return []
+
+    def after_optimizer_step(self, ctx: StepContext) -> list[Injection]:
+        """Called just after ``optimizer.step``."""
+        return []
+
+    def end_step(self, ctx: StepContext) -> list[Injection]:
+        """Called when the step is over; undo anything meant to last one step."""
+        return []
+
+
+def require_model(ctx: StepContext, kind: str) -> nn.Module:
+    """The model, or a clear error when the agent was attached without one."""
+    if ctx.model is None:
+        raise InjectionError(f"{kind} needs the model; attach the agent with one")
+    return ctx.model
+
+
+def matching_parameters(model: nn.Module, pattern: str) -> Iterator[tuple[str, nn.Parameter]]:
+    """Parameters whose dotted name matches the glob ``pattern``."""
+    for name, param in model.named_parameters():
+        if fnmatch.fnmatchcase(name, pattern):
+            yield name, param
+
+
+def matching_modules(model: nn.Module, pattern: str) -> Iterator[tuple[str, nn.Module]]:
+    """Sub-modules whose dotted name matches the glob ``pattern`` (never the root)."""
+    for name, module in model.named_modules():
+        if name and fnmatch.fnmatchcase(name, pattern):
+            yield name, module

@@ -1,0 +1,371 @@
+"""Numeric faults: poisoned and vanishing gradients, activation blow-up, lr spikes, bad batches.
+
+Bit flips live in `faults.bitflip`. Every random choice here draws from a private RNG
+keyed by (seed, kind, step, rank, what), never from the global torch/numpy/python RNGs:
+the trainer's bit-exact resume depends on those being untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from faults.errors import InjectionError
+from faults.injector import (
+    Injection,
+    Injector,
+    StepContext,
+    matching_modules,
+    matching_parameters,
+    require_model,
+)
+from faults.registry import register
+from faults.spec import FaultSpec, seeded
+
+# -- helpers shared with faults.bitflip ---------------------------------------------------
+
+
+def torch_generator(seed: int, *parts: object) -> torch.Generator:
+    """A private CPU torch generator for one decision, derived like `seeded`."""
+    return torch.Generator().manual_seed(seeded(seed, *parts).getrandbits(63))
+
+
+def share(fraction: float, n: int) -> int:
+    """How many of ``n`` items a ``fraction`` hits: ceil(fraction * n), at least 1, at most n."""
+    # The tolerance keeps float noise (0.1 * 30 = 3.0000000000000004) from adding one.
+    return min(n, max(1, math.ceil(fraction * n - 1e-6)))
+
+
+def no_match(kind: str, what: str, pattern: str, names: list[str]) -> InjectionError:
+    """The error for a target pattern that selects nothing, listing a few candidates."""
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    return InjectionError(
+        f"{kind}: no {what} matches target {pattern!r}; available: {shown or 'none'}"
+    )
+
+
+def require_optimizer(ctx: StepContext, kind: str) -> torch.optim.Optimizer:
+    """The optimizer, or a clear error when the agent was attached without one."""
+    if ctx.optimizer is None:
+        raise InjectionError(f"{kind} needs the optimizer; attach the agent with one")
+    return ctx.optimizer
+
+
+def gradients(ctx: StepContext, kind: str, pattern: str) -> list[tuple[str, torch.Tensor]]:
+    """(name, grad) of the parameters matching ``pattern`` that have a gradient, by name."""
+    model = require_model(ctx, kind)
+    matched = sorted(matching_parameters(model, pattern), key=lambda item: item[0])
+    found = [(name, p.grad) for name, p in matched if p.grad is not None]
+    if not found:
+        names = [name for name, _ in model.named_parameters()]
+        what = "parameter with a gradient" if matched else "parameter"
+        raise no_match(kind, what, pattern, names)
+    return found
+
+
+def flat_coords(t: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Index tensors addressing flat positions of ``t`` (any strides; a 0-d tensor as 1-d)."""
+    return torch.unravel_index(indices.to(t.device), t.shape if t.dim() else (1,))
+
+
+def as_1d_if_scalar(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or a 1-element view of a 0-d tensor, so `flat_coords` index it."""
+    return t if t.dim() else t.view(1)
+
+
+# -- nan_grad / inf_grad -------------------------------------------------------------------
+
+
+class _PoisonGradSpec(FaultSpec):
+    """Fields shared by nan_grad and inf_grad."""
+
+    target: str = Field(default="*", description="Glob on parameter names, e.g. 'blocks.0.*'.")
+    fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Share of the elements of each matching gradient hit (ceil, at least 1).",
+    )
+
+
+class NanGradSpec(_PoisonGradSpec):
+    """Set gradient elements to NaN after the backward pass."""
+
+    kind: Literal["nan_grad"] = "nan_grad"
+    description: ClassVar[str] = "Set a share of the matching gradients' elements to NaN."
+    fault_class: ClassVar[str] = "numeric"
+
+
+class InfGradSpec(_PoisonGradSpec):
+    """Set gradient elements to +inf after the backward pass."""
+
+    kind: Literal["inf_grad"] = "inf_grad"
+    description: ClassVar[str] = "Set a share of the matching gradients' elements to +inf."
+    fault_class: ClassVar[str] = "numeric"
+
+
+class _PoisonGradInjector(Injector[_PoisonGradSpec]):
+    """Writes ``value`` into a seeded share of each matching gradient."""
+
+    value: ClassVar[float]
+
+    def after_backward(self, ctx: StepContext) -> list[Injection]:
+        """Poison the matching gradients."""
+        spec = self.spec
+        names, total = [], 0
+        with torch.no_grad():
+            for name, grad in gradients(ctx, spec.kind, spec.target):
+                n = grad.numel()
+                k = share(spec.fraction, n)
+                if k == n:
+                    grad.fill_(self.value)
+                else:
+                    gen = torch_generator(spec.seed, spec.kind, ctx.step, ctx.rank, name)
+                    chosen = torch.randperm(n, generator=gen)[:k]
+                    as_1d_if_scalar(grad)[flat_coords(grad, chosen)] = self.value
+                names.append(name)
+                total += k
+        details = {"params": names, "elements": total, "fraction": spec.fraction}
+        return [Injection(fault=spec.kind, target=spec.target, details=details)]
+
+
+class NanGradInjector(_PoisonGradInjector):
+    """NaN into gradients."""
+
+    value = math.nan
+
+
+class InfGradInjector(_PoisonGradInjector):
+    """+inf into gradients."""
+
+    value = math.inf
+
+
+# -- grad_underflow ------------------------------------------------------------------------
+
+
+class GradUnderflowSpec(FaultSpec):
+    """Scale gradients by a tiny factor so that they underflow."""
+
+    kind: Literal["grad_underflow"] = "grad_underflow"
+    description: ClassVar[str] = "Multiply the matching gradients by a tiny factor (underflow)."
+    fault_class: ClassVar[str] = "numeric"
+
+    target: str = Field(default="*", description="Glob on parameter names.")
+    factor: float = Field(
+        default=1e-30, gt=0, lt=1, allow_inf_nan=False, description="Scale, 0 < factor < 1."
+    )
+
+
+class GradUnderflowInjector(Injector[GradUnderflowSpec]):
+    """Multiplies the matching gradients by ``factor`` after the backward pass."""
+
+    def after_backward(self, ctx: StepContext) -> list[Injection]:
+        """Shrink the matching gradients."""
+        spec = self.spec
+        names, zeroed = [], 0
+        with torch.no_grad():
+            for name, grad in gradients(ctx, spec.kind, spec.target):
+                nonzero = int(torch.count_nonzero(grad))
+                grad.mul_(spec.factor)
+                # Elements that were nonzero and are zero now: what underflow actually did.
+                zeroed += nonzero - int(torch.count_nonzero(grad))
+                names.append(name)
+        details = {"params": names, "factor": spec.factor, "zeroed": zeroed}
+        return [Injection(fault=spec.kind, target=spec.target, details=details)]
+
+
+# -- activation_overflow -------------------------------------------------------------------
+
+
+class ActivationOverflowSpec(FaultSpec):
+    """Scale a module's output during the forward pass."""
+
+    kind: Literal["activation_overflow"] = "activation_overflow"
+    description: ClassVar[str] = "Multiply the matching modules' outputs by a large factor."
+    fault_class: ClassVar[str] = "numeric"
+
+    target: str = Field(description="Glob on module names, e.g. 'blocks.1.mlp'.")
+    factor: float = Field(
+        default=1e5, gt=1, allow_inf_nan=False, description="Scale of the output, > 1."
+    )
+
+
+class ActivationOverflowInjector(Injector[ActivationOverflowSpec]):
+    """Forward hooks installed before the forward pass and removed when the step ends."""
+
+    def __init__(self, spec: ActivationOverflowSpec) -> None:
+        super().__init__(spec)
+        self._handles: list[RemovableHandle] = []
+
+    def before_forward(self, ctx: StepContext) -> list[Injection]:
+        """Hook every matching module (never twice: earlier hooks are removed first)."""
+        spec = self.spec
+        model = require_model(ctx, spec.kind)
+        modules = sorted(matching_modules(model, spec.target), key=lambda item: item[0])
+        if not modules:
+            names = [name for name, _ in model.named_modules() if name]
+            raise no_match(spec.kind, "module", spec.target, names)
+        self._remove()
+        for name, module in modules:
+            self._handles.append(module.register_forward_hook(self._scaler(name)))
+        details = {"modules": [name for name, _ in modules], "factor": spec.factor}
+        return [Injection(fault=spec.kind, target=spec.target, details=details)]
+
+    def end_step(self, ctx: StepContext) -> list[Injection]:
+        """Remove the hooks: the fault lasts one step unless re-armed."""
+        self._remove()
+        return []
+
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _scaler(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], Any], Any]:
+        factor = self.spec.factor
+
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+            if isinstance(output, torch.Tensor):
+                return output * factor
+            if isinstance(output, (tuple, list)) and output and torch.is_tensor(output[0]):
+                items = [output[0] * factor, *output[1:]]
+                # A named tuple takes its fields as positional arguments.
+                return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)
+            # Raised in the forward pass rather than passed through: a fault that silently
+            # does nothing would make the experiment look like a clean survival.
+            raise InjectionError(
+                f"activation_overflow: output of module {name!r} is "
+                f"{type(output).__name__}, not a tensor or a tuple starting with one"
+            )
+
+        return hook
+
+
+# -- lr_spike ------------------------------------------------------------------------------
+
+
+class LrSpikeSpec(FaultSpec):
+    """Multiply the learning rate for one optimizer step."""
+
+    kind: Literal["lr_spike"] = "lr_spike"
+    description: ClassVar[str] = "Multiply every param group's lr by a factor for the step."
+    fault_class: ClassVar[str] = "numeric"
+
+    factor: float = Field(
+        default=100.0, gt=1, allow_inf_nan=False, description="Multiplier of the lr, > 1."
+    )
+
+
+class LrSpikeInjector(Injector[LrSpikeSpec]):
+    """Raises the lr just before ``optimizer.step`` and puts the originals back after it."""
+
+    def __init__(self, spec: LrSpikeSpec) -> None:
+        super().__init__(spec)
+        self._saved: list[Any] = []
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    def before_optimizer_step(self, ctx: StepContext) -> list[Injection]:
+        """Spike the lr of every param group."""
+        optimizer = require_optimizer(ctx, self.spec.kind)
+        self._restore()  # never compound two spikes
+        self._optimizer = optimizer
+        self._saved = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            # A new object rather than in-place: a tensor lr must come back untouched.
+            group["lr"] = group["lr"] * self.spec.factor
+        details = {
+            "lr_before": [float(lr) for lr in self._saved],
+            "lr_during": [float(group["lr"]) for group in optimizer.param_groups],
+            "factor": self.spec.factor,
+        }
+        return [Injection(fault=self.spec.kind, target="optimizer", details=details)]
+
+    def after_optimizer_step(self, ctx: StepContext) -> list[Injection]:
+        """Put the original lr objects back, exactly."""
+        self._restore()
+        return []
+
+    def end_step(self, ctx: StepContext) -> list[Injection]:
+        """Restore here too, in case the step ended without ``after_optimizer_step``."""
+        self._restore()
+        return []
+
+    def _restore(self) -> None:
+        if self._optimizer is not None:
+            for group, lr in zip(self._optimizer.param_groups, self._saved, strict=True):
+                group["lr"] = lr
+        self._optimizer, self._saved = None, []
+
+
+# -- bad_batch -----------------------------------------------------------------------------
+
+
+class BadBatchSpec(FaultSpec):
+    """Replace rows of the batch by uniform random tokens."""
+
+    kind: Literal["bad_batch"] = "bad_batch"
+    description: ClassVar[str] = "Replace a share of the batch's sequences by random token ids."
+    fault_class: ClassVar[str] = "numeric"
+
+    fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Share of the rows (sequences) replaced (ceil, at least 1).",
+    )
+    vocab_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Token ids drawn from [0, vocab_size); default: the model's first "
+        "nn.Embedding size, else the batch's max + 1.",
+    )
+
+
+class BadBatchInjector(Injector[BadBatchSpec]):
+    """Returns a copy of the batch with seeded rows replaced; the caller's tensor is kept."""
+
+    def on_batch(
+        self, ctx: StepContext, batch: torch.Tensor
+    ) -> tuple[torch.Tensor, list[Injection]]:
+        """A row is one sequence: the last dim holds tokens, leading dims are flattened."""
+        spec = self.spec
+        if batch.dtype.is_floating_point or batch.dtype.is_complex or batch.dtype == torch.bool:
+            raise InjectionError(f"bad_batch needs a batch of token ids, got {batch.dtype}")
+        if batch.numel() == 0:
+            raise InjectionError(f"bad_batch got an empty batch of shape {tuple(batch.shape)}")
+        vocab = self._vocab(ctx, batch)
+        rows = batch.reshape(-1, batch.shape[-1]) if batch.dim() else batch.reshape(1, 1)
+        n = rows.shape[0]
+        gen = torch_generator(spec.seed, spec.kind, ctx.step, ctx.rank, "rows")
+        chosen = torch.randperm(n, generator=gen)[: share(spec.fraction, n)].sort().values
+        tokens = torch.randint(0, vocab, (len(chosen), rows.shape[1]), generator=gen)
+        out = rows.clone()  # also a copy when reshape returned a view of the caller's batch
+        out[chosen.to(out.device)] = tokens.to(device=out.device, dtype=out.dtype)
+        details = {"rows": chosen.tolist(), "vocab_size": vocab, "of_rows": n}
+        return out.view(batch.shape), [Injection(fault=spec.kind, target="batch", details=details)]
+
+    def _vocab(self, ctx: StepContext, batch: torch.Tensor) -> int:
+        if self.spec.vocab_size is not None:
+            return self.spec.vocab_size
+        if ctx.model is not None:
+            for module in ctx.model.modules():
+                if isinstance(module, nn.Embedding):
+                    return module.num_embeddings
+        return max(1, int(batch.max()) + 1)
+
+
+register(NanGradSpec, NanGradInjector)
+register(InfGradSpec, InfGradInjector)
+register(GradUnderflowSpec, GradUnderflowInjector)
+register(ActivationOverflowSpec, ActivationOverflowInjector)
+register(LrSpikeSpec, LrSpikeInjector)
+register(BadBatchSpec, BadBatchInjector)

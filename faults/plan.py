@@ -1,0 +1,67 @@
+"""A fault plan: the list of faults to inject into one run, read from YAML or a mapping.
+
+```yaml
+faults:
+  - kind: nan_grad
+    at_step: 30
+    ranks: [1]
+    target: "blocks.0.attn.*"
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from faults.errors import FaultSpecError
+from faults.registry import parse_fault
+from faults.spec import FaultSpec
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """Faults to inject, in order; empty means a fault-free run."""
+
+    faults: tuple[FaultSpec, ...] = ()
+
+    def __iter__(self) -> Iterator[FaultSpec]:
+        return iter(self.faults)
+
+    def __len__(self) -> int:
+        return len(self.faults)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "plan") -> FaultPlan:
+        """Validate ``{"faults": [...]}`` (or a bare list of faults)."""
+        if isinstance(data, dict):
+            unknown = set(data) - {"faults"}
+            if unknown:
+                raise FaultSpecError(
+                    f"{where}: unknown key(s) {', '.join(sorted(unknown))}; a plan has 'faults'"
+                )
+            data = data.get("faults", [])
+            where = f"{where}.faults"
+        if not isinstance(data, list):
+            raise FaultSpecError(f"{where} must be a list of faults, got {type(data).__name__}")
+        return cls(tuple(parse_fault(item, f"{where}[{i}]") for i, item in enumerate(data)))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> FaultPlan:
+        """Read a plan file; errors name the file and the dotted field."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise FaultSpecError(f"cannot read fault plan {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise FaultSpecError(f"{path}: not valid YAML: {exc}") from exc
+        return cls.from_dict(data if data is not None else {}, where=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain data (what ``from_dict`` reads)."""
+        return {"faults": [f.model_dump(mode="json") for f in self.faults]}

@@ -1,0 +1,103 @@
+"""What every fault specification shares: when it fires, where, and its seed.
+
+A fault is a pydantic model: typed, validated, and described by JSON Schema for
+editors. The common fields say *when* (``at_step``, ``every``, ``probability``,
+``after_seconds``, each active for ``duration`` steps once fired) and *where*
+(``ranks``: a list, ``"all"``, or ``"random"`` with ``spare_ranks`` never chosen).
+Steps are counted as the journal counts them: the first training step is step 1.
+
+Every decision is a pure function of the spec and its ``seed`` (never of a global RNG),
+so every rank of a job, and every rerun, takes the same decision.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def seeded(seed: int, *parts: object) -> random.Random:
+    """A private RNG for one decision: the same (seed, parts) always draws the same."""
+    return random.Random(":".join(str(p) for p in (seed, *parts)))
+
+
+class FaultSpec(BaseModel):
+    """Common fields of every fault kind; subclasses add ``kind`` and their own fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: One-line description, shown by ``tightrope faults``.
+    description: ClassVar[str] = ""
+    #: Class of fault: numeric, checkpoint, process or data.
+    fault_class: ClassVar[str] = ""
+
+    kind: str
+    at_step: int | None = Field(
+        default=None, ge=1, description="Fire at this step (with `every`: the first firing)."
+    )
+    every: int | None = Field(default=None, ge=1, description="Fire again every N steps.")
+    probability: float | None = Field(
+        default=None, gt=0, le=1, description="Fire at each step with this probability."
+    )
+    after_seconds: float | None = Field(
+        default=None, ge=0, description="Fire at the first step after this many seconds."
+    )
+    duration: int = Field(default=1, ge=1, description="Steps the fault stays active once fired.")
+    ranks: list[int] | Literal["all", "random"] = Field(
+        default="all", description="Ranks hit: a list, all, or one chosen at random (seeded)."
+    )
+    spare_ranks: list[int] = Field(
+        default_factory=list, description="Ranks `random` never picks (for example rank 0)."
+    )
+    seed: int = Field(default=0, description="Seed of every random choice this fault makes.")
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> FaultSpec:
+        triggers = [n for n in ("probability", "after_seconds") if getattr(self, n) is not None]
+        if self.at_step is not None or self.every is not None:
+            triggers.insert(0, "at_step/every")
+        if len(triggers) != 1:
+            raise ValueError(
+                "give exactly one trigger: at_step (optionally with every), every, "
+                f"probability or after_seconds; got {', '.join(triggers) or 'none'}"
+            )
+        if isinstance(self.ranks, list) and any(r < 0 for r in self.ranks):
+            raise ValueError(f"ranks must be >= 0, got {self.ranks}")
+        return self
+
+    # -- when ---------------------------------------------------------------------------
+
+    def fires_at(self, step: int) -> bool:
+        """True when a step-triggered fault *starts* at ``step`` (not for after_seconds)."""
+        if self.probability is not None:
+            return seeded(self.seed, "probability", step).random() < self.probability
+        if self.at_step is None and self.every is None:
+            return False
+        first = self.at_step if self.at_step is not None else self.every
+        assert first is not None
+        if step < first:
+            return False
+        return step == first if self.every is None else (step - first) % self.every == 0
+
+    def active_at(self, step: int) -> bool:
+        """True when a step-triggered fault is active at ``step`` (fired within ``duration``)."""
+        return any(self.fires_at(s) for s in range(max(1, step - self.duration + 1), step + 1))
+
+    # -- where --------------------------------------------------------------------------
+
+    def target_ranks(self, world_size: int) -> frozenset[int]:
+        """The ranks this fault hits in a job of ``world_size`` ranks."""
+        if self.ranks == "all":
+            return frozenset(range(world_size))
+        if self.ranks == "random":
+            pool = [r for r in range(world_size) if r not in self.spare_ranks]
+            if not pool:
+                return frozenset()
+            return frozenset({seeded(self.seed, "rank").choice(pool)})
+        return frozenset(r for r in self.ranks if r < world_size)
+
+    def summary(self) -> dict[str, Any]:
+        """The spec as a plain dict without defaults, for journals and listings."""
+        return self.model_dump(exclude_defaults=True) | {"kind": self.kind}
