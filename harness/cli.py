@@ -9,6 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from pydantic_core import PydanticUndefined
+
+from faults import FaultSpec, kinds
+from faults.registry import FaultKind
 from harness import __version__
 from harness.errors import TightropeError
 from harness.journal import read_journal
@@ -33,7 +37,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     summary.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     summary.set_defaults(handler=_summary)
+    listing = commands.add_parser("faults", help="list every fault kind with its parameters")
+    listing.set_defaults(handler=_faults)
     return parser
+
+
+def _faults(args: argparse.Namespace) -> int:
+    common = [name for name in FaultSpec.model_fields if name != "kind"]
+    print("Every fault takes: " + ", ".join(common))
+    print("  (when: at_step/every/probability/after_seconds for duration steps; where: ranks)")
+    by_class: dict[str, list[FaultKind]] = {}
+    for kind in kinds().values():
+        by_class.setdefault(kind.spec.fault_class, []).append(kind)
+    for fault_class in ("numeric", "checkpoint", "process", "data"):
+        print(f"\n{fault_class}")
+        for kind in sorted(by_class.get(fault_class, []), key=lambda k: k.name):
+            print(f"  {kind.name:<24} {kind.spec.description}")
+            own = [
+                f"{name}={_default(field.default)}"
+                for name, field in kind.spec.model_fields.items()
+                if name not in FaultSpec.model_fields
+            ]
+            if own:
+                print(f"  {'':<24} {' '.join(own)}")
+    return 0
+
+
+def _default(value: object) -> str:
+    if value is PydanticUndefined:
+        return "(required)"
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _summary(args: argparse.Namespace) -> int:

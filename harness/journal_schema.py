@@ -119,6 +119,13 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 params_finite=FieldSpec(
                     "bool", "Every parameter finite after the step (when checked)."
                 ),
+                skipped=FieldSpec(
+                    "bool", "The optimizer update was skipped (non-finite loss or gradients)."
+                ),
+                docs=FieldSpec("int", "Documents that entered the training stream this step."),
+                contaminated_docs=FieldSpec(
+                    "int", "Of those, injected duplicates (tagged by the contamination fault)."
+                ),
             ),
         ),
         "fault_injected": (
@@ -148,7 +155,11 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
             _kind(
                 path=FieldSpec("str", "Checkpoint directory.", required=True),
                 bytes=FieldSpec("int", "Bytes on disk."),
-                seconds=FieldSpec("float", "Seconds the save took."),
+                type=FieldSpec("str", "full or delta."),
+                seconds=FieldSpec("float", "Seconds the save took to persist."),
+                stall_seconds=FieldSpec(
+                    "float", "Seconds the training loop waited for the save (copy to memory)."
+                ),
             ),
         ),
         "checkpoint_loaded": (

@@ -1,0 +1,245 @@
+"""The agent: one per process; counts steps, arms faults, observes, writes the journal.
+
+A trainer drives it at fixed points of each step (the reference trainer calls these
+methods itself; `harness.attach` and ``tightrope exec`` install hooks that call them for
+trainers that know nothing of tightrope)::
+
+    agent.begin_step(step)             faults active at this step arm; forward hooks go in
+    batch = agent.batch(batch)         bad-data faults may replace the batch
+    ... forward, backward ...
+    agent.after_backward()             gradient faults
+    agent.before_optimizer_step()      learning-rate faults
+    ... optimizer.step() ...
+    agent.after_optimizer_step()       weight and optimizer-state faults
+    agent.observe_step(loss=..., ...)  the `step` event, with the agent's own checks
+    ... checkpoint save ...
+    agent.end_step()                   file and process faults; temporary changes undone
+
+Observations (the `step` event, `params_finite`) are the agent's own; what the trainer
+claims (`detected`, `recovered`, checkpoint events) goes through `agent.claim`.
+With no fault planned the agent costs one journal line per step and, every
+``check_params_every`` steps, one pass over the parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from faults import (
+    FaultPlan,
+    FaultSpec,
+    FaultSpecError,
+    Injection,
+    Injector,
+    StepContext,
+    build_injector,
+)
+from harness.journal import Event, JournalWriter, journal_path, read_journal_file
+
+
+class Agent:
+    """Arms the plan's faults at their steps on their ranks and journals what happens."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        restart: int = 0,
+        plan: FaultPlan | None = None,
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        check_params_every: int = 10,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.world_size = world_size
+        self.plan = plan or FaultPlan()
+        self.model = model
+        self.optimizer = optimizer
+        self.check_params_every = check_params_every
+        previous = journal_path(self.run_dir, rank)
+        earlier = _quietly_read(previous) if previous.exists() else []
+        self.journal = JournalWriter(self.run_dir, rank=rank, restart=restart)
+        self.step = 0
+        self._started = time.monotonic()
+        self._injectors: list[tuple[FaultSpec, Injector[Any]]] = [
+            (spec, build_injector(spec)) for spec in self.plan
+        ]
+        self._index = {id(inj): i for i, (_, inj) in enumerate(self._injectors)}
+        self._active: list[Injector[Any]] = []
+        self._injected_this_step = False
+        self._timed_start: dict[int, int] = {}  # plan index -> step an after_seconds fault fired
+        self._fired: set[tuple[int, int]] = set()  # (plan index, step) already injected
+        self._current: int | None = None  # plan index of the injector running a hook
+        self.pids: dict[int, int] = {rank: os.getpid()}
+        self.remember_fired(earlier)
+
+    # -- the step --------------------------------------------------------------------
+
+    def context(self) -> StepContext:
+        """What injectors may touch now."""
+        return StepContext(
+            step=self.step,
+            rank=self.rank,
+            world_size=self.world_size,
+            model=self.model,
+            optimizer=self.optimizer,
+            run_dir=str(self.run_dir),
+            pids=dict(self.pids),
+        )
+
+    def _is_active(self, index: int, spec: FaultSpec, step: int) -> bool:
+        if self.rank not in spec.target_ranks(self.world_size):
+            return False
+        if spec.after_seconds is None:
+            return spec.active_at(step)
+        # Time-triggered faults fire at the first step begun after the deadline.
+        if index not in self._timed_start:
+            if time.monotonic() - self._started < spec.after_seconds:
+                return False
+            self._timed_start[index] = step
+        return step < self._timed_start[index] + spec.duration
+
+    def begin_step(self, step: int) -> None:
+        """Start step ``step`` (1-based): arm the faults active now, call their forward hooks."""
+        self.step = step
+        self._injected_this_step = False
+        # A step replayed after a rollback or restart does not meet its fault again: a
+        # fault happens at a step once (persistent faults span steps with `duration`).
+        self._active = [
+            inj
+            for i, (spec, inj) in enumerate(self._injectors)
+            if (i, step) not in self._fired and self._is_active(i, spec, step)
+        ]
+        self._run(lambda inj, ctx: inj.before_forward(ctx))
+
+    def batch(self, batch: torch.Tensor) -> torch.Tensor:
+        """The batch to train on (a bad-data fault may replace it)."""
+        for injector in self._active:
+            batch, records = injector.on_batch(self.context(), batch)
+            self._record(records)
+        return batch
+
+    def after_backward(self) -> None:
+        """Gradients exist: gradient faults act."""
+        self._run(lambda inj, ctx: inj.after_backward(ctx))
+
+    def before_optimizer_step(self) -> None:
+        """Just before ``optimizer.step``."""
+        self._run(lambda inj, ctx: inj.before_optimizer_step(ctx))
+
+    def after_optimizer_step(self) -> None:
+        """Just after ``optimizer.step``."""
+        self._run(lambda inj, ctx: inj.after_optimizer_step(ctx))
+
+    def observe_step(self, **observations: Any) -> None:
+        """Journal the `step` event, adding the agent's own parameter check when due."""
+        due = self._injected_this_step or (
+            self.check_params_every > 0 and self.step % self.check_params_every == 0
+        )
+        if due and self.model is not None:
+            observations["params_finite"] = params_finite(self.model)
+        self.journal.emit("step", self.step, **observations)
+
+    def end_step(self) -> None:
+        """The step is over: file and process faults act, temporary changes are undone."""
+        self._run(lambda inj, ctx: inj.end_step(ctx))
+        self._active = []
+
+    def document_wrapper(self) -> Callable[[Iterator[Any]], Any] | None:
+        """A wrapper for the training document stream when the plan contaminates it.
+
+        Data faults act on the stream every rank reads alike, so they ignore ``ranks``.
+        """
+        from faults.data import ContaminatedStream, DuplicateContaminationSpec
+
+        specs = [s for s in self.plan if isinstance(s, DuplicateContaminationSpec)]
+        if not specs:
+            return None
+        if len(specs) > 1:
+            raise FaultSpecError("a plan may hold one duplicate_contamination fault, not several")
+        return lambda documents: ContaminatedStream(specs[0], documents)
+
+    # -- claims and lifecycle ----------------------------------------------------------
+
+    def claim(self, kind: str, /, step: int | None = None, **fields: Any) -> None:
+        """Journal something the trainer reports about itself (detected, recovered, ...),
+        at the current step unless ``step`` says otherwise."""
+        self.journal.emit(kind, self.step if step is None else step, **fields)
+
+    def start(self, step: int, **fields: Any) -> None:
+        """Journal ``run_start`` at ``step`` (0 for a fresh run)."""
+        self.step = step
+        self.journal.emit(
+            "run_start",
+            step,
+            world_size=self.world_size,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            **fields,
+        )
+
+    def close(self, status: str, reason: str = "") -> None:
+        """Journal ``run_end`` and close the journal."""
+        extra = {"reason": reason} if reason else {}
+        seconds = time.monotonic() - self._started
+        self.journal.emit("run_end", self.step, status=status, seconds=seconds, **extra)
+        self.journal.close()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _run(self, hook: Callable[[Injector[Any], StepContext], list[Injection]]) -> None:
+        for injector in self._active:
+            self._current = self._index[id(injector)]
+            # Process faults that signal this very process journal before they act.
+            if hasattr(injector, "before_signal"):
+                injector.before_signal = self._record
+            self._record(hook(injector, self.context()))
+        self._current = None
+
+    def _record(self, records: list[Injection]) -> None:
+        for record in records:
+            self._injected_this_step = True
+            details = dict(record.details)
+            if self._current is not None:
+                self._fired.add((self._current, self.step))
+                details["plan_index"] = self._current
+            self.journal.emit(
+                "fault_injected",
+                self.step,
+                fault=record.fault,
+                target=record.target,
+                details=details,
+            )
+
+    def remember_fired(self, events: Iterable[Any]) -> None:
+        """Learn from earlier ``fault_injected`` events (of a previous attempt of this run)
+        which faults already happened, so a restarted job does not meet them again."""
+        for event in events:
+            index = event.get("details", {}).get("plan_index")
+            if event.kind == "fault_injected" and event.rank == self.rank and index is not None:
+                self._fired.add((int(index), event.step))
+
+
+def params_finite(model: nn.Module) -> bool:
+    """True when every parameter of ``model`` is finite."""
+    with torch.no_grad():
+        return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def _quietly_read(path: Path) -> list[Event]:
+    # A torn tail from a killed attempt is expected here; the writer mends it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return read_journal_file(path)
