@@ -8,7 +8,9 @@ On disk::
 
 A save fills a hidden ``.step-N.tmp`` directory, fsyncs every file, renames it into
 place, fsyncs the folder and only then replaces ``latest``, so a crash at any moment
-leaves either the previous checkpoint as latest or the new one complete.
+leaves either the previous checkpoint as latest or the new one complete. This module
+holds the file-level pieces; `reference_trainer.checkpointing` decides what to save
+and when, and verifies what it loads.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ def rng_file(rank: int) -> str:
     return f"rng-rank-{rank}.pt"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -55,7 +57,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _save_file(obj: Any, path: Path) -> None:
+def save_file(obj: Any, path: Path) -> None:
+    """``torch.save`` to ``path`` and fsync it."""
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
@@ -100,63 +103,38 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(
-    run_dir: Path,
-    step: int,
-    state: dict[str, Any] | None,
-    *,
-    rank: int,
-    barrier: Callable[[], None],
-) -> Path:
-    """Save one checkpoint; every rank calls this, rank 0 passes ``state`` and publishes.
-
-    Every rank writes its RNG states; after a barrier, rank 0 writes the shared state,
-    moves the complete directory into place and points ``latest`` at it.
-    """
-    root = checkpoint_root(run_dir)
-    final = root / checkpoint_name(step)
-    tmp = root / f".{final.name}.tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    _save_file(rng_state(), tmp / rng_file(rank))
-    barrier()
-    if rank == 0:
-        if state is None:
-            raise ValueError("rank 0 must pass the checkpoint state")
-        _save_file(state, tmp / STATE_FILE)
-        _fsync_dir(tmp)
-        if final.exists():  # a step redone after a restart: the new save wins
-            old = root / f".{final.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            final.rename(old)
-            shutil.rmtree(old)
-        tmp.rename(final)
-        _fsync_dir(root)
-        _write_latest(root, final.name)
-    barrier()
-    return final
+def publish(tmp: Path, final: Path) -> None:
+    """Move a fully written, fsynced checkpoint directory into place, then point
+    ``latest`` at it. A step saved again after a rollback replaces the old directory."""
+    root = final.parent
+    fsync_dir(tmp)
+    if final.exists():
+        old = root / f".{final.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        shutil.rmtree(old)
+    tmp.rename(final)
+    fsync_dir(root)
+    write_latest(root, final.name)
 
 
-def _write_latest(root: Path, name: str) -> None:
+def write_latest(root: Path, name: str) -> None:
+    """Replace the ``latest`` pointer atomically."""
     tmp = root / f".{LATEST}.tmp"
     with open(tmp, "w") as f:
         f.write(name + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / LATEST)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints (never the latest one)."""
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Published checkpoint directories, oldest first (hidden in-progress ones excluded)."""
     root = checkpoint_root(run_dir)
-    latest = latest_checkpoint(run_dir)
-    done = sorted(p for p in root.iterdir() if _NAME.fullmatch(p.name) and p.is_dir())
-    removed = []
-    for path in done[:-keep]:
-        if path != latest:
-            shutil.rmtree(path)
-            removed.append(path)
-    return removed
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if _NAME.fullmatch(p.name) and p.is_dir())
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -184,7 +162,9 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
-def _load_file(path: Path) -> dict[str, Any]:
+def load_file(path: Path) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a dict; a `CheckpointError` naming the file
+    when it is missing, damaged or holds anything but plain data."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -197,16 +177,7 @@ def _load_file(path: Path) -> dict[str, Any]:
     return obj
 
 
-def load_state(path: Path) -> dict[str, Any]:
-    """The shared state of a checkpoint (model, optimizer, scaler, step, data position)."""
-    state = _load_file(path / STATE_FILE)
-    missing = {"step", "model", "optimizer", "scaler", "data"} - state.keys()
-    if missing:
-        raise CheckpointError(f"{path / STATE_FILE} lacks {', '.join(sorted(missing))}")
-    return state
-
-
 def load_rng(path: Path, rank: int) -> dict[str, Any] | None:
     """One rank's RNG states from a checkpoint; None when that rank did not exist then."""
     file = path / rng_file(rank)
-    return _load_file(file) if file.exists() else None
+    return load_file(file) if file.exists() else None

@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from faults import FaultPlan
 from harness.errors import TightropeError
 from reference_trainer.checkpoint import checkpoint_step
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError
 from reference_trainer.run_dir import check_resumable
+from reference_trainer.stability import MECHANISMS, StabilityConfig
 
 PROG = "reference_trainer"
 #: Flags a resumed run may change; every other flag must match the saved configuration.
@@ -68,6 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto"
     )
+    p.add_argument(
+        "--fragile",
+        action="store_true",
+        help="switch every stability mechanism off (the negative control)",
+    )
+    p.add_argument(
+        "--disable",
+        action="append",
+        default=[],
+        choices=sorted(MECHANISMS),
+        metavar="MECHANISM",
+        help=f"switch one mechanism off (repeatable): {', '.join(MECHANISMS)}",
+    )
+    p.add_argument(
+        "--fault-plan", type=Path, metavar="PLAN.yaml", help="inject the faults of this plan"
+    )
     return p
 
 
@@ -76,7 +94,15 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
     given = {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
     if not args.resume:
         cfg = preset(args.preset or "tiny")
+        if args.fragile:
+            cfg.stability = StabilityConfig.fragile()
+        for name in args.disable:
+            cfg.stability.disable(name)
         return _apply(cfg, given)
+    if args.fragile or args.disable:
+        raise ConfigError(
+            "--fragile and --disable apply to fresh runs; a resumed run keeps its own"
+        )
     cfg = TrainConfig.load(args.run_dir)
     if args.preset is not None and args.preset != cfg.preset:
         raise ConfigError(
@@ -124,9 +150,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.stop_after is not None and args.stop_after > cfg.steps:
             raise ConfigError(f"--stop-after {args.stop_after} is past --steps {cfg.steps}")
-        train(cfg, args.run_dir, resume=args.resume, device=args.device, stop_after=args.stop_after)
+        plan = FaultPlan.from_yaml(args.fault_plan) if args.fault_plan else None
+        result = train(
+            cfg,
+            args.run_dir,
+            resume=args.resume,
+            device=args.device,
+            stop_after=args.stop_after,
+            plan=plan,
+        )
     except TightropeError as exc:
         who = PROG if rank == 0 else f"{PROG}[rank {rank}]"
         print(f"{who}: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    # Training that failed for good (recovery exhausted) is not bad input: exit 1.
+    return 1 if result.status == "failed" else 0

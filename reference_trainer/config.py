@@ -5,13 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from reference_trainer.corpus import SOURCE_NAMES
 from reference_trainer.errors import ConfigError
 from reference_trainer.model import GPTConfig
+from reference_trainer.stability import StabilityConfig
+
+T = TypeVar("T")
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 CONFIG_FILE = "config.json"
@@ -76,15 +80,13 @@ class OptimConfig:
     eps_embedding: float = 1e-6
     eps_attention: float = 1e-5
     eps_feed_forward: float = 1e-4
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value (0: no clipping)."""
 
     def __post_init__(self) -> None:
         for name in ("base_lr", "eps_embedding", "eps_attention", "eps_feed_forward"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"optim.{name} must be > 0, got {getattr(self, name)}")
         _positive("optim.reference_batch", self.reference_batch)
-        for name in ("warmup_steps", "weight_decay", "grad_clip"):
+        for name in ("warmup_steps", "weight_decay"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("beta1", "beta2"):
@@ -100,6 +102,7 @@ class TrainConfig:
     model: GPTConfig
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
     steps: int = 200
     """Train until this many optimizer steps are done."""
     batch_size: int = 8
@@ -137,14 +140,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Rebuild from `to_dict` output; unknown or missing keys raise `ConfigError`."""
-        try:
-            values = dict(data)
-            values["model"] = GPTConfig(**values["model"])
-            values["data"] = DataConfig(**values["data"])
-            values["optim"] = OptimConfig(**values["optim"])
-            return cls(**values)
-        except (KeyError, TypeError) as exc:
-            raise ConfigError(f"configuration does not match this trainer: {exc}") from exc
+        return build_dataclass(cls, data, "config")
 
     def save(self, run_dir: Path) -> None:
         """Write the configuration to ``run_dir/config.json``."""
@@ -158,6 +154,32 @@ class TrainConfig:
             return cls.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read the run's configuration {path}: {exc}") from exc
+
+
+def build_dataclass(cls: type[T], data: Any, where: str) -> T:
+    """Build a (nested) config dataclass from plain data, naming the dotted path of any
+    unknown key, missing field or bad value."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where} has unknown field(s): {', '.join(unknown)}")
+    values = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            value = build_dataclass(hint, value, f"{where}.{name}")  # type: ignore[arg-type]
+        elif typing.get_origin(hint) is tuple and isinstance(value, list):
+            value = tuple(value)
+        values[name] = value
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    except ValueError as exc:  # validation in modules that know no ConfigError
+        raise ConfigError(str(exc)) from exc
 
 
 def _positive(name: str, value: int) -> None:

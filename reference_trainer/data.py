@@ -1,16 +1,19 @@
-"""The training stream: documents -> tokens with the special-token layout -> fixed windows,
-handed out per rank per step. Its position is a few integers, saved with every checkpoint."""
+"""The training stream: documents -> (contamination fault) -> duplicate filter -> tokens
+with the special-token layout -> fixed windows, handed out per rank per step. Its position
+(a few integers, the filter's index) is saved with every checkpoint."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from reference_trainer.config import DataConfig
 from reference_trainer.corpus import Corpus
+from reference_trainer.dedup import DuplicateFilter
 
 #: Documents tokenized together; larger batches tokenize faster, the buffer grows with it.
 _ENCODE_BATCH = 16
@@ -45,23 +48,140 @@ class TokenLayout:
 Encoder = Callable[[list[str]], list[list[int]]]
 
 
+class _CorpusReader:
+    """Corpus documents in order, counting how many were read (the resume position)."""
+
+    def __init__(self, corpus: Corpus, start: int) -> None:
+        self.corpus = corpus
+        self.position = start
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        doc = self.corpus.document(self.position)
+        self.position += 1
+        return doc
+
+
+class StatefulStream(Protocol):
+    """A document iterator that can save and restore its position (a contamination wrapper)."""
+
+    def __next__(self) -> Any: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(slots=True)
+class DataCounters:
+    """What went into the stream since the last `take_counters`."""
+
+    docs: int = 0
+    contaminated_docs: int = 0
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> reason -> n
+    contaminated_dropped: int = 0
+
+
+class DocumentPipeline:
+    """Corpus -> (contamination fault) -> (duplicate filter): the documents to train on."""
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        *,
+        wrap: Callable[[Iterator[Any]], StatefulStream] | None = None,
+        dedup: DuplicateFilter | None = None,
+    ) -> None:
+        self.corpus = corpus
+        self.wrap = wrap
+        self.dedup = dedup
+        self._start(0)
+        self.counters = DataCounters()
+
+    def _start(self, position: int) -> None:
+        self.reader = _CorpusReader(self.corpus, position)
+        self.stream: Any = self.wrap(self.reader) if self.wrap else self.reader
+
+    def next_documents(self, count: int) -> list[Any]:
+        """The next ``count`` documents that pass the filter."""
+        out: list[Any] = []
+        while len(out) < count:
+            doc = next(self.stream)
+            tainted = getattr(doc, "contamination_of", None) is not None
+            if self.dedup is not None:
+                verdict = self.dedup.check(doc.index, doc.text)
+                if not verdict.keep:
+                    by_reason = self.counters.dropped.setdefault(doc.source, {})
+                    by_reason[verdict.reason] = by_reason.get(verdict.reason, 0) + 1
+                    self.counters.contaminated_dropped += tainted
+                    continue
+            self.counters.docs += 1
+            self.counters.contaminated_docs += tainted
+            out.append(doc)
+        return out
+
+    def take_counters(self) -> DataCounters:
+        """Counters since the last call, reset."""
+        counters, self.counters = self.counters, DataCounters()
+        return counters
+
+    def state_dict(self) -> dict[str, Any]:
+        """Corpus position plus the wrapper's and the filter's state."""
+        state: dict[str, Any] = {"position": self.reader.position}
+        if self.wrap is not None:
+            state["contamination"] = self.stream.state_dict()
+        if self.dedup is not None:
+            state["dedup"] = to_tensors(self.dedup.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a position saved by `state_dict`."""
+        self._start(int(state["position"]))
+        if self.wrap is not None and "contamination" in state:
+            self.stream.load_state_dict(state["contamination"])
+        if self.dedup is not None and "dedup" in state:
+            self.dedup.load_state_dict(to_numpy(state["dedup"]))
+
+
+def to_tensors(obj: Any) -> Any:
+    """numpy arrays -> tensors, recursively (checkpoints load with weights_only)."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(obj))
+    if isinstance(obj, dict):
+        return {k: to_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_tensors(v) for v in obj)
+    return obj
+
+
+def to_numpy(obj: Any) -> Any:
+    """The inverse of `to_tensors`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    if isinstance(obj, dict):
+        return {k: to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_numpy(v) for v in obj)
+    return obj
+
+
 class TokenStream:
     """Endless windows of ``window`` tokens cut, back to back, from the documents in order."""
 
-    def __init__(self, corpus: Corpus, encode: Encoder, layout: TokenLayout, window: int) -> None:
-        self.corpus = corpus
+    def __init__(
+        self, documents: DocumentPipeline, encode: Encoder, layout: TokenLayout, window: int
+    ) -> None:
+        self.documents = documents
         self.encode = encode
         self.layout = layout
         self.window = window
-        self.next_doc = 0
         self.windows_taken = 0
         self._buffer: list[int] = []
 
     def _refill(self) -> None:
-        texts = [self.corpus.document(self.next_doc + i).text for i in range(_ENCODE_BATCH)]
+        texts = [doc.text for doc in self.documents.next_documents(_ENCODE_BATCH)]
         for ids in self.encode(texts):
             self._buffer.extend(self.layout.wrap(ids))
-        self.next_doc += _ENCODE_BATCH
 
     def take(self, count: int) -> list[list[int]]:
         """The next ``count`` windows."""
@@ -73,17 +193,21 @@ class TokenStream:
         self.windows_taken += count
         return out
 
+    def skip(self, count: int) -> None:
+        """Pass over ``count`` windows without training on them."""
+        self.take(count)
+
     def state_dict(self) -> dict[str, Any]:
         """Position in the stream: enough to continue exactly where it stopped."""
         return {
-            "next_doc": self.next_doc,
+            "documents": self.documents.state_dict(),
             "windows_taken": self.windows_taken,
             "buffer": torch.tensor(self._buffer, dtype=torch.int64),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position saved by `state_dict`."""
-        self.next_doc = int(state["next_doc"])
+        self.documents.load_state_dict(state["documents"])
         self.windows_taken = int(state["windows_taken"])
         self._buffer = [int(t) for t in state["buffer"].tolist()]
 

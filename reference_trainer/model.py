@@ -87,8 +87,17 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
+        #: Run this block in fp32 even under low-precision autocast (precision switching).
+        self.fp32 = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if self.fp32 and torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                return self._forward(x.float())
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         out: torch.Tensor = x + self.mlp(self.ln_2(x))
         return out

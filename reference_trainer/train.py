@@ -1,12 +1,10 @@
-"""The training loop: build, optionally resume, train to the target step, journal it all."""
+"""A training run: build, optionally resume, train to the target step, recover from
+failures as the policy decides, and journal it all through the agent."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import random
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,19 +14,29 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.journal import JournalWriter
+from faults import FaultPlan
+from harness.agent import Agent
 from reference_trainer import checkpoint as ckpt
 from reference_trainer import distributed
+from reference_trainer.checkpointing import CheckpointManager
 from reference_trainer.config import TrainConfig
 from reference_trainer.corpus import Corpus
-from reference_trainer.data import ShardedLoader, TokenLayout, TokenStream
+from reference_trainer.data import DocumentPipeline, ShardedLoader, TokenLayout, TokenStream
+from reference_trainer.dedup import DuplicateFilter
 from reference_trainer.distributed import Topology
 from reference_trainer.errors import CheckpointError
-from reference_trainer.model import GPT, next_token_loss
-from reference_trainer.optim import build_optimizer, lr_at, peak_lr
-from reference_trainer.precision import Precision, build_precision
+from reference_trainer.loss_scale import DynamicLossScaler
+from reference_trainer.loss_spikes import SpikeMonitor
+from reference_trainer.model import GPT, Block
+from reference_trainer.optim import build_optimizer, peak_lr
+from reference_trainer.precision import Precision
+from reference_trainer.precision_switch import ActivationMonitor
+from reference_trainer.recovery import Decision, Failure, RecoveryPolicy
 from reference_trainer.run_dir import check_fresh, check_resumable
+from reference_trainer.step import Trainer
 from reference_trainer.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+
+DIAGNOSIS_FILE = "diagnosis.md"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,92 +46,7 @@ class RunResult:
     steps: int
     final_loss: float
     seconds: float
-
-
-@dataclass(slots=True)
-class Trainer:
-    """The pieces of a run, built once; `step` advances them by one optimizer step."""
-
-    cfg: TrainConfig
-    topo: Topology
-    model: GPT
-    wrapped: torch.nn.Module
-    optimizer: torch.optim.AdamW
-    precision: Precision
-    stream: TokenStream
-    loader: ShardedLoader
-    max_lr: float
-
-    def step(self, step: int) -> dict[str, Any]:
-        """Train step ``step`` (1-based); returns its observations for the journal."""
-        t0 = time.perf_counter()
-        lr = lr_at(
-            step - 1,
-            max_lr=self.max_lr,
-            warmup_steps=self.cfg.optim.warmup_steps,
-            total_steps=self.cfg.steps,
-        )
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        batch = self.loader.next_step().to(self.topo.device)
-        accum = self.cfg.grad_accum
-        local = torch.zeros((), device=self.topo.device)
-        scaler = self.precision.scaler
-        for micro in range(accum):
-            x, y = batch[micro, :, :-1], batch[micro, :, 1:]
-            sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
-            with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
-                with self.precision.autocast():
-                    loss = next_token_loss(self.wrapped(x), y)
-                scaler.scale(loss / accum).backward()  # type: ignore[no-untyped-call]
-            local += loss.detach() / accum
-        scaler.unscale_(self.optimizer)
-        clip = self.cfg.optim.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        loss_scale = self.precision.loss_scale()
-        scaler.step(self.optimizer)
-        scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        mean_loss = distributed.mean_over_ranks(local, self.topo)
-        return {
-            "loss": float(mean_loss),
-            "local_loss": float(local),
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-            "loss_scale": loss_scale,
-            "tokens": self.loader.tokens_per_step(),
-            "step_time": time.perf_counter() - t0,
-        }
-
-    def state_dict(self, step: int) -> dict[str, Any]:
-        """What a checkpoint keeps of the shared state (RNG states are saved per rank)."""
-        return {
-            "step": step,
-            "world_size": self.topo.world_size,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.precision.scaler.state_dict(),
-            "data": self.stream.state_dict(),
-        }
-
-    def load(self, path: Path) -> int:
-        """Restore everything from the checkpoint at ``path``; returns its step."""
-        state = ckpt.load_state(path)
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.precision.scaler.load_state_dict(state["scaler"])
-            self.stream.load_state_dict(state["data"])
-        except (RuntimeError, KeyError, ValueError) as exc:
-            reason = str(exc).strip().splitlines()[0]
-            raise CheckpointError(f"checkpoint {path} does not fit this run: {reason}") from exc
-        rng = ckpt.load_rng(path, self.topo.rank)
-        step = int(state["step"])
-        if rng is not None:
-            ckpt.set_rng_state(rng)
-        else:  # a rank that did not exist when the checkpoint was taken
-            _seed_everything(self.cfg.seed + 1 + self.topo.rank + step * 1009)
-        return step
+    status: str = "completed"
 
 
 def _seed_everything(seed: int) -> None:
@@ -140,16 +63,22 @@ def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) 
     return load_tokenizer(run_dir, cfg.model.vocab_size)
 
 
-def build(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Trainer:
-    """Model, optimizer, precision and data stream of a fresh run (seeded by ``cfg.seed``)."""
+def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trainer:
+    """Every piece of a fresh run (seeded by ``cfg.seed``), wired to the agent."""
     corpus = Corpus(cfg.data.source_weights, cfg.data.seed)
     tokenizer = _tokenizer(cfg, run_dir, corpus, topo)
 
     def encode(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
+    dedup = cfg.stability.dedup
+    documents = DocumentPipeline(
+        corpus,
+        wrap=agent.document_wrapper(),
+        dedup=DuplicateFilter(dedup) if dedup.enabled else None,
+    )
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
-    stream = TokenStream(corpus, encode, layout, window=cfg.model.block_size + 1)
+    stream = TokenStream(documents, encode, layout, window=cfg.model.block_size + 1)
     loader = ShardedLoader(
         stream,
         batch_size=cfg.batch_size,
@@ -166,15 +95,26 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Trainer:
     if topo.distributed:
         ids = [topo.local_rank] if topo.device.type == "cuda" else None
         wrapped = DDP(model, device_ids=ids)
+    fp16 = cfg.precision == "fp16"
+    switching = cfg.stability.precision_switch
+    monitor = None
+    if fp16 and switching.enabled:
+        blocks = {f"blocks.{i}": b for i, b in enumerate(model.blocks) if isinstance(b, Block)}
+        monitor = ActivationMonitor(switching, blocks)
+    agent.model, agent.optimizer = model, optimizer
     return Trainer(
         cfg=cfg,
         topo=topo,
         model=model,
         wrapped=wrapped,
         optimizer=optimizer,
-        precision=build_precision(cfg.precision, topo.device),
+        precision=Precision(cfg.precision, topo.device.type),
+        scaler=DynamicLossScaler(cfg.stability.loss_scale, active=fp16),
+        monitor=monitor,
+        documents=documents,
         stream=stream,
         loader=loader,
+        agent=agent,
         max_lr=peak_lr(cfg, topo.world_size),
     )
 
@@ -191,108 +131,259 @@ def train(
     resume: bool = False,
     device: str = "auto",
     stop_after: int | None = None,
+    plan: FaultPlan | None = None,
 ) -> RunResult:
     """Train ``cfg`` in ``run_dir`` (fresh, or from its latest checkpoint) to ``cfg.steps``.
 
     ``stop_after`` ends the run early, with a checkpoint, as a preempted job would; the
-    learning-rate schedule still spans ``cfg.steps``. Every rank runs this; under torchrun
-    the process group comes from the environment.
+    learning-rate schedule still spans ``cfg.steps``. ``plan`` names faults to inject.
+    Every rank runs this; under torchrun the process group comes from the environment.
     """
     run_dir = Path(run_dir)
     # Every check reads only: no rank may write before all have looked at the same disk.
-    resume_from = check_resumable(run_dir) if resume else None
-    if not resume:
+    if resume:
+        check_resumable(run_dir)
+    else:
         check_fresh(run_dir)
     topo = distributed.init(device)
     try:
-        return _train(cfg, run_dir, topo, resume_from, stop_after or cfg.steps)
+        return Run(cfg, run_dir, topo, plan or FaultPlan()).execute(resume, stop_after or cfg.steps)
     finally:
         distributed.shutdown(topo)
 
 
-def _train(
-    cfg: TrainConfig, run_dir: Path, topo: Topology, resume_from: Path | None, last: int
-) -> RunResult:
-    if topo.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if resume_from is None:
-            cfg.save(run_dir)
-    distributed.barrier(topo)
-    trainer = build(cfg, run_dir, topo)
-    start_step = trainer.load(resume_from) if resume_from is not None else 0
-    started = time.monotonic()
-    journal = JournalWriter(run_dir, rank=topo.rank, restart=topo.restart)
-    journal.emit(
-        "run_start",
-        start_step,
-        world_size=topo.world_size,
-        pid=os.getpid(),
-        host=socket.gethostname(),
-        target_steps=cfg.steps,
-        preset=cfg.preset,
-        seed=cfg.seed,
-        precision=cfg.precision,
-        device=topo.device.type,
-        resumed_from=str(resume_from) if resume_from else None,
-        config=cfg.to_dict(),
-    )
-    if resume_from is not None:
-        journal.emit("checkpoint_loaded", start_step, path=str(resume_from))
-    _print(
-        topo,
-        f"tightrope reference trainer: preset {cfg.preset}, "
-        f"{trainer.model.num_parameters() / 1e6:.2f}M parameters, "
-        f"{topo.world_size} rank(s) x {cfg.batch_size * cfg.grad_accum} x "
-        f"{cfg.model.block_size} tokens, {cfg.precision} on {topo.device.type}, "
-        f"steps {start_step + 1}..{last} of {cfg.steps}, run dir {run_dir}",
-    )
-    loss = math.nan
-    done = start_step
-    status, reason = "failed", "interrupted"
-    try:
-        for step in range(start_step + 1, last + 1):
-            observed = trainer.step(step)
-            loss, done = observed["loss"], step
-            journal.emit("step", step, **observed)
-            if step % cfg.checkpoint_every == 0 or step == last:
-                _checkpoint(trainer, run_dir, step, journal)
-            if step % cfg.log_every == 0 or step == last:
-                _print(
-                    topo,
-                    f"step {step:>6}/{cfg.steps}  loss {loss:8.4f}  lr {observed['lr']:.2e}  "
-                    f"{observed['step_time'] * 1e3:7.1f} ms/step",
-                )
-        if done == cfg.steps:
-            status, reason = "completed", ""
-        else:
-            status, reason = "stopped", f"stopped after step {done} as asked"
-    except KeyboardInterrupt:
-        status, reason = "stopped", "interrupted by the user"
-        raise
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        seconds = time.monotonic() - started
-        extra = {"reason": reason} if reason else {}
-        journal.emit("run_end", done, status=status, seconds=seconds, **extra)
-        journal.close()
-    return RunResult(steps=done, final_loss=loss, seconds=seconds)
+class Run:
+    """One process's part of a run: the loop, checkpoints and recovery."""
 
-
-def _checkpoint(trainer: Trainer, run_dir: Path, step: int, journal: JournalWriter) -> None:
-    t0 = time.perf_counter()
-    state = trainer.state_dict(step) if trainer.topo.is_main else None
-    path = ckpt.save_checkpoint(
-        run_dir,
-        step,
-        state,
-        rank=trainer.topo.rank,
-        barrier=lambda: distributed.barrier(trainer.topo),
-    )
-    if trainer.topo.is_main:
-        size = sum(f.stat().st_size for f in path.iterdir())
-        journal.emit(
-            "checkpoint_saved", step, path=str(path), bytes=size, seconds=time.perf_counter() - t0
+    def __init__(self, cfg: TrainConfig, run_dir: Path, topo: Topology, plan: FaultPlan) -> None:
+        self.cfg, self.run_dir, self.topo = cfg, run_dir, topo
+        if topo.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        distributed.barrier(topo)
+        self.agent = Agent(
+            run_dir, rank=topo.rank, world_size=topo.world_size, restart=topo.restart, plan=plan
         )
-        ckpt.prune_checkpoints(run_dir, trainer.cfg.keep_checkpoints)
+        self.trainer = build(cfg, run_dir, topo, self.agent)
+        self.checkpoints = CheckpointManager(
+            run_dir,
+            cfg.stability.checkpoints,
+            rank=topo.rank,
+            keep=cfg.keep_checkpoints,
+            barrier=lambda: distributed.barrier(topo),
+            claim=self.agent.claim,
+        )
+        self.policy = RecoveryPolicy(cfg.stability.recovery)
+        self.spikes = SpikeMonitor(cfg.stability.spikes)
+        self.skips = 0
+
+    # -- state -------------------------------------------------------------------------
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """The checkpoint state: the trainer's plus the policy's and the detectors'."""
+        state = self.trainer.state_dict(step)
+        state["trainer"]["policy"] = self.policy.state_dict()
+        state["trainer"]["spikes"] = self.spikes.state_dict()
+        return state
+
+    def restore(self, path: Path, state: dict[str, Any], *, rollback: bool = False) -> int:
+        """Load a checkpoint's state (already verified) and this rank's RNG states.
+
+        A rollback keeps the recovery policy where it is: rolling its level back with the
+        weights would retry the same level forever.
+        """
+        step = self.trainer.load_state_dict(state)
+        extra = state.get("trainer", {})
+        if "policy" in extra and not rollback:
+            self.policy.load_state_dict(extra["policy"])
+        if "spikes" in extra:
+            self.spikes.load_state_dict(extra["spikes"])
+        rng = ckpt.load_rng(path, self.topo.rank)
+        if rng is not None:
+            ckpt.set_rng_state(rng)
+        else:  # a rank that did not exist when the checkpoint was taken
+            _seed_everything(self.cfg.seed + 1 + self.topo.rank + step * 1009)
+        self.agent.claim("checkpoint_loaded", path=str(path))
+        return step
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def execute(self, resume: bool, last: int) -> RunResult:
+        """Train to step ``last``; returns what this process saw."""
+        cfg, topo, agent = self.cfg, self.topo, self.agent
+        started = time.monotonic()
+        if topo.is_main and not resume:
+            cfg.save(self.run_dir)
+        agent.start(
+            0,
+            target_steps=cfg.steps,
+            preset=cfg.preset,
+            seed=cfg.seed,
+            precision=cfg.precision,
+            device=topo.device.type,
+            config=cfg.to_dict(),
+        )
+        if topo.restart:
+            agent.claim("restart", count=topo.restart, reason="launcher restarted the workers")
+        step = 0
+        status, reason, loss = "failed", "interrupted", math.nan
+        try:
+            if resume:
+                path, state = self.checkpoints.load_valid()
+                step = self.restore(path, state)
+            _print(topo, self._banner(step, last))
+            step, loss, status, reason = self._loop(step, last)
+        except KeyboardInterrupt:
+            status, reason = "stopped", "interrupted by the user"
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.checkpoints.wait()
+            agent.close(status, reason)
+        return RunResult(step, loss, time.monotonic() - started, status)
+
+    def _loop(self, step: int, last: int) -> tuple[int, float, str, str]:
+        cfg, agent = self.cfg, self.agent
+        loss = math.nan
+        step += 1
+        while step <= last:
+            result = self.trainer.step(step)
+            loss = float(result.observations["loss"])
+            agent.observe_step(**result.observations)
+            for kind, fields in result.claims:
+                agent.claim(kind, **fields)
+            failure = self._failure(step, result.skipped, loss)
+            if failure is not None and cfg.stability.recovery.enabled:
+                resumed = self._recover_or_give_up(failure)
+                agent.end_step()
+                if resumed is None:
+                    return step, loss, "failed", f"recovery exhausted: see {DIAGNOSIS_FILE}"
+                step = resumed + 1
+                continue
+            if failure is None:
+                self.policy.good_step()
+            if step % cfg.checkpoint_every == 0 or step == last:
+                self.checkpoints.save(step, self.state_dict(step) if self.topo.is_main else None)
+            agent.end_step()
+            if step % cfg.log_every == 0 or step == last:
+                obs = result.observations
+                _print(
+                    self.topo,
+                    f"step {step:>6}/{cfg.steps}  loss {loss:8.4f}  lr {obs['lr']:.2e}  "
+                    f"{obs['step_time'] * 1e3:7.1f} ms/step",
+                )
+            step += 1
+        done = step - 1
+        if done == cfg.steps:
+            return done, loss, "completed", ""
+        return done, loss, "stopped", f"stopped after step {done} as asked"
+
+    def _failure(self, step: int, skipped: bool, loss: float) -> Failure | None:
+        """What, if anything, this step's evidence says went wrong."""
+        limit = self.cfg.stability.recovery.max_consecutive_skips
+        # In fp16 the loss scaler owns overflow skips; its collapse is the failure.
+        counted = skipped and not self.trainer.scaler.active
+        self.skips = self.skips + 1 if counted else 0
+        if self.skips >= limit:
+            return Failure(step, "non_finite_steps", {"skipped_in_a_row": self.skips})
+        if self.trainer.scaler.collapsed:
+            return Failure(step, "loss_scale_collapsed", {"scale": self.trainer.scaler.scale})
+        if skipped:
+            return None
+        claims = self.spikes.observe(step, loss)
+        for claim in claims:
+            self.agent.claim("detected", detector=claim.detector, details=claim.details)
+        if self.spikes.acting(claims):
+            return Failure(step, "loss_spike", {"loss": loss})
+        return None
+
+    def _recover_or_give_up(self, failure: Failure) -> int | None:
+        """Climb the policy's levels until one works; None when all are exhausted."""
+        while True:
+            decision = self.policy.decide(failure)
+            if decision.action == "give_up":
+                self._give_up(decision)
+                return None
+            try:
+                return self._recover(decision)
+            except CheckpointError as exc:  # nothing to roll back to at this level
+                self.agent.claim(
+                    "detected",
+                    detector="recovery_failed",
+                    details={"level": decision.level, "reason": str(exc)},
+                )
+
+    def _recover(self, decision: Decision) -> int:
+        """Carry out a recovery decision; returns the step training continues after."""
+        failure, recovery = decision.failure, self.cfg.stability.recovery
+        if decision.level == 1:
+            path, state = self.checkpoints.load_valid()
+        elif decision.level == 2:
+            path, state = self._older_or_latest()
+        else:
+            floor = max(failure.step - recovery.retry_steps, 0)
+            try:
+                path, state = self.checkpoints.load_valid(at_most_step=floor)
+            except CheckpointError:  # nothing that old: the oldest valid one will do
+                path, state = self._oldest_valid()
+        step = self.restore(path, state, rollback=True)
+        details: dict[str, Any] = {
+            "level": decision.level,
+            "failure": failure.reason,
+            "failed_at": failure.step,
+            "checkpoint": path.name,
+            "resumed_at": step,
+        }
+        if decision.level == 2:
+            self.trainer.lr_scale *= recovery.lr_backoff
+            windows = (failure.step - step) * self.cfg.global_batch(self.topo.world_size)
+            self.trainer.stream.skip(windows)
+            details |= {"lr_scale": self.trainer.lr_scale, "skipped_windows": windows}
+        if decision.level >= 3:
+            self.trainer.force_fp32()
+            details["precision"] = "fp32"
+        self.skips = 0
+        self.agent.claim("recovered", action=decision.action, details=details)
+        _print(
+            self.topo,
+            f"recovery level {decision.level} ({decision.action}): "
+            f"{failure.reason} at step {failure.step}, resuming after step {step}",
+        )
+        return step
+
+    def _older_or_latest(self) -> tuple[Path, dict[str, Any]]:
+        try:
+            return self.checkpoints.load_valid(skip=1)
+        except CheckpointError:
+            return self.checkpoints.load_valid()
+
+    def _oldest_valid(self) -> tuple[Path, dict[str, Any]]:
+        valid = ckpt.complete_checkpoints(self.run_dir)
+        if not valid:
+            return self.checkpoints.load_valid()
+        return self.checkpoints.load_valid(at_most_step=ckpt.checkpoint_step(valid[0]))
+
+    def _give_up(self, decision: Decision) -> None:
+        if self.topo.is_main:
+            (self.run_dir / DIAGNOSIS_FILE).write_text(self.policy.diagnosis())
+        self.agent.claim(
+            "detected",
+            detector="recovery_exhausted",
+            details={"failure": decision.failure.reason, "step": decision.failure.step},
+        )
+        _print(
+            self.topo,
+            f"recovery exhausted at step {decision.failure.step}; "
+            f"diagnosis in {self.run_dir / DIAGNOSIS_FILE}",
+        )
+
+    def _banner(self, start: int, last: int) -> str:
+        cfg, topo = self.cfg, self.topo
+        return (
+            f"tightrope reference trainer: preset {cfg.preset}, "
+            f"{self.trainer.model.num_parameters() / 1e6:.2f}M parameters, "
+            f"{topo.world_size} rank(s) x {cfg.batch_size * cfg.grad_accum} x "
+            f"{cfg.model.block_size} tokens, {cfg.precision} on {topo.device.type}, "
+            f"steps {start + 1}..{last} of {cfg.steps}, run dir {self.run_dir}"
+        )

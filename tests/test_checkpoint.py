@@ -1,64 +1,169 @@
-"""Checkpoints: atomic layout, the `latest` pointer, safe loading, retention."""
+"""Checkpoints on disk: atomic layout, manifests, deltas, verified loads with fallback."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from reference_trainer import checkpoint as ckpt
+from reference_trainer import checkpoint as files
+from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
 from reference_trainer.errors import CheckpointError
 
 
-def _state(step: int) -> dict[str, object]:
+def _state(step: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    w = torch.randn(64, 32) + step * 1e-3  # nearby steps differ a little, as in training
     return {
         "step": step,
-        "model": {"w": torch.full((3,), float(step))},
-        "optimizer": {},
+        "model": {"w": w, "b": torch.full((32,), float(step))},
+        "optimizer": {"state": {0: {"exp_avg": w * 0.1}}, "param_groups": [{"lr": 0.1}]},
         "scaler": {},
-        "data": {"next_doc": step},
+        "data": {"position": step},
     }
 
 
-def _save(run_dir: Path, step: int) -> Path:
-    return ckpt.save_checkpoint(run_dir, step, _state(step), rank=0, barrier=lambda: None)
+class Journal:
+    """Collects the claims a manager makes."""
+
+    def __init__(self) -> None:
+        self.claims: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, kind: str, /, **fields: Any) -> None:
+        self.claims.append((kind, fields))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.claims]
 
 
-def test_save_publishes_a_complete_directory_then_latest(tmp_path: Path) -> None:
-    path = _save(tmp_path, 20)
-    assert path == tmp_path / "checkpoints" / "step-00000020"
-    assert sorted(p.name for p in path.iterdir()) == ["rng-rank-0.pt", "state.pt"]
+def manager(run_dir: Path, journal: Journal | None = None, **config: Any) -> CheckpointManager:
+    config.setdefault("asynchronous", False)
+    return CheckpointManager(
+        run_dir,
+        CheckpointConfig(**config),
+        rank=0,
+        keep=10,
+        barrier=lambda: None,
+        claim=journal or Journal(),
+    )
+
+
+def assert_same(a: Any, b: Any) -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+def test_save_publishes_a_complete_directory_with_manifest_then_latest(tmp_path: Path) -> None:
+    journal = Journal()
+    m = manager(tmp_path, journal)
+    m.save(20, _state(20))
+    path = tmp_path / "checkpoints" / "step-00000020"
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "rng-rank-0.pt", "state.pt"]
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step-00000020\n"
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
-    state = ckpt.load_state(ckpt.latest_checkpoint(tmp_path))  # type: ignore[arg-type]
-    assert torch.equal(state["model"]["w"], torch.full((3,), 20.0))
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["step"] == 20 and manifest["kind"] == "full"
+    assert set(manifest["tensors"]) == {"model.w", "model.b", "optimizer.state.0.exp_avg"}
+    assert journal.kinds() == ["checkpoint_saved"]
+    loaded_path, state = m.load_valid()
+    assert loaded_path == path
+    assert_same(state, _state(20))
 
 
-def test_rng_states_round_trip(tmp_path: Path) -> None:
-    import random
+def test_deltas_between_fulls_restore_bit_exactly(tmp_path: Path) -> None:
+    m = manager(tmp_path, full_every=3)
+    for step in (10, 20, 30, 40):
+        m.save(step, _state(step))
+    kinds = [
+        json.loads((p / "manifest.json").read_text())["kind"]
+        for p in files.complete_checkpoints(tmp_path)
+    ]
+    assert kinds == ["full", "delta", "delta", "full"]
+    delta = tmp_path / "checkpoints" / "step-00000030"
+    assert (delta / "delta.bin").exists() and not (delta / "state.pt").exists()
+    fresh = manager(tmp_path)
+    for step in (10, 20, 30, 40):
+        assert_same(fresh.load(tmp_path / "checkpoints" / f"step-{step:08d}"), _state(step))
 
-    import numpy as np
 
-    _save(tmp_path, 1)
-    expected = (torch.rand(3), np.random.rand(3), random.random())
-    torch.rand(5), np.random.rand(5), random.random()  # move every generator on
-    ckpt.set_rng_state(ckpt.load_rng(tmp_path / "checkpoints" / "step-00000001", 0))  # type: ignore[arg-type]
-    assert torch.equal(torch.rand(3), expected[0])
-    assert np.array_equal(np.random.rand(3), expected[1])
-    assert random.random() == expected[2]
+def test_a_corrupted_delta_link_falls_back_to_the_full_checkpoint(tmp_path: Path) -> None:
+    journal = Journal()
+    m = manager(tmp_path, journal, full_every=4)
+    for step in (10, 20, 30):
+        m.save(step, _state(step))
+    for name in ("step-00000020", "step-00000030"):  # damage both deltas of the chain
+        blob = tmp_path / "checkpoints" / name / "delta.bin"
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        blob.write_bytes(bytes(data))
+    path, state = m.load_valid()
+    assert path.name == "step-00000010"
+    assert_same(state, _state(10))
+    rejected = [f for k, f in journal.claims if k == "checkpoint_rejected"]
+    assert [Path(f["path"]).name for f in rejected] == ["step-00000030", "step-00000020"]
+    assert all("does not match its hash" in f["reason"] for f in rejected)
+
+
+def test_without_integrity_checks_a_damaged_checkpoint_is_trusted(tmp_path: Path) -> None:
+    """Negative control: with verification off, a flipped bit in the data goes unseen."""
+    m = manager(tmp_path, integrity=False, delta=False)
+    m.save(10, _state(10))
+    state_file = tmp_path / "checkpoints" / "step-00000010" / "state.pt"
+    data = bytearray(state_file.read_bytes())
+    offset = data.find(_state(10)["model"]["b"].numpy().tobytes())
+    assert offset > 0
+    data[offset + 3] ^= 0x40  # an exponent bit of the first bias value
+    state_file.write_bytes(bytes(data))
+    _, state = m.load_valid()
+    assert state["model"]["b"][0] != 10.0  # garbage went in, unnoticed
+    with pytest.raises(CheckpointError, match="does not match its hash"):
+        manager(tmp_path).load_valid()
+
+
+def test_background_save_reports_its_stall_and_lands(tmp_path: Path) -> None:
+    journal = Journal()
+    m = manager(tmp_path, journal, asynchronous=True)
+    m.save(10, _state(10))
+    m.wait()
+    ((kind, fields),) = journal.claims
+    assert kind == "checkpoint_saved" and fields["stall_seconds"] <= fields["seconds"] + 1
+    assert files.latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-00000010"
 
 
 def test_an_unfinished_save_never_becomes_latest(tmp_path: Path) -> None:
-    _save(tmp_path, 20)
+    m = manager(tmp_path)
+    m.save(20, _state(20))
     half = tmp_path / "checkpoints" / ".step-00000040.tmp"  # a save killed mid-way
     half.mkdir()
     (half / "state.pt").write_bytes(b"\x80\x02partial")
-    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-00000020"
-    # The next save of that step completes over the leftovers.
-    _save(tmp_path, 40)
-    assert ckpt.load_state(tmp_path / "checkpoints" / "step-00000040")["step"] == 40
+    assert files.latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-00000020"
+    assert m.load_valid()[0].name == "step-00000020"
+    m.save(40, _state(40))  # the next save of that step completes over the leftovers
+    assert m.load_valid()[1]["step"] == 40
+
+
+def test_a_partial_checkpoint_without_manifest_is_rejected(tmp_path: Path) -> None:
+    journal = Journal()
+    m = manager(tmp_path, journal)
+    m.save(20, _state(20))
+    m.save(40, _state(40))
+    (tmp_path / "checkpoints" / "step-00000040" / "manifest.json").unlink()
+    assert m.load_valid()[0].name == "step-00000020"
+    ((_, rejected),) = [c for c in journal.claims if c[0] == "checkpoint_rejected"]
+    assert "manifest.json is missing" in rejected["reason"]
 
 
 class _Payload:
@@ -67,38 +172,61 @@ class _Payload:
 
 
 def test_loading_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
-    path = _save(tmp_path, 20)
-    torch.save({"step": 20, "model": _Payload()}, path / "state.pt")
+    m = manager(tmp_path, integrity=False, delta=False)
+    m.save(20, _state(20))
+    torch.save(
+        {"step": 20, "model": _Payload()}, tmp_path / "checkpoints" / "step-00000020" / "state.pt"
+    )
     with pytest.raises(CheckpointError, match=r"state\.pt is unreadable"):
-        ckpt.load_state(path)
+        m.load_valid()
     assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
 
 
 def test_truncated_and_missing_files_are_named(tmp_path: Path) -> None:
-    path = _save(tmp_path, 20)
-    data = (path / "state.pt").read_bytes()
-    (path / "state.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"step-00000020/state.pt is unreadable"):
-        ckpt.load_state(path)
-    (path / "state.pt").unlink()
-    with pytest.raises(CheckpointError, match=r"state.pt is missing"):
-        ckpt.load_state(path)
+    m = manager(tmp_path, integrity=False, delta=False)
+    m.save(20, _state(20))
+    state = tmp_path / "checkpoints" / "step-00000020" / "state.pt"
+    state.write_bytes(state.read_bytes()[:300])
+    with pytest.raises(CheckpointError, match=r"step-00000020/state\.pt is unreadable"):
+        m.load_valid()
+    state.unlink()
+    with pytest.raises(CheckpointError, match=r"state\.pt is missing"):
+        m.load_valid()
 
 
 def test_latest_pointing_nowhere_is_an_error(tmp_path: Path) -> None:
-    _save(tmp_path, 20)
+    manager(tmp_path).save(20, _state(20))
     (tmp_path / "checkpoints" / "latest").write_text("step-00000099\n")
     with pytest.raises(CheckpointError, match="step-00000099 does not exist"):
-        ckpt.latest_checkpoint(tmp_path)
+        files.latest_checkpoint(tmp_path)
     (tmp_path / "checkpoints" / "latest").write_text("../../etc\n")
     with pytest.raises(CheckpointError, match="not a checkpoint"):
-        ckpt.latest_checkpoint(tmp_path)
+        files.latest_checkpoint(tmp_path)
 
 
-def test_retention_keeps_the_newest_and_the_latest(tmp_path: Path) -> None:
-    for step in (10, 20, 30, 40):
-        _save(tmp_path, step)
-    removed = ckpt.prune_checkpoints(tmp_path, keep=2)
-    assert [p.name for p in removed] == ["step-00000010", "step-00000020"]
-    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert left == ["latest", "step-00000030", "step-00000040"]
+def test_retention_keeps_the_newest_the_bases_of_deltas_and_the_verified(tmp_path: Path) -> None:
+    m = manager(tmp_path, full_every=4)
+    m.keep = 2
+    for step in (10, 20, 30, 40, 50):
+        m.save(step, _state(step))
+    # 10 full, 20-40 deltas of 10, 50 full: the newest two are 40 (needs 10) and 50.
+    left = [p.name for p in files.complete_checkpoints(tmp_path)]
+    assert left == ["step-00000010", "step-00000040", "step-00000050"]
+    fresh = manager(tmp_path)
+    assert_same(fresh.load(tmp_path / "checkpoints" / "step-00000040"), _state(40))
+
+
+def test_rng_states_round_trip(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    manager(tmp_path).save(1, _state(1))
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.rand(5), np.random.rand(5), random.random()  # move every generator on
+    rng = files.load_rng(tmp_path / "checkpoints" / "step-00000001", 0)
+    assert rng is not None
+    files.set_rng_state(rng)
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.rand(3), expected[1])
+    assert random.random() == expected[2]

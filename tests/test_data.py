@@ -7,7 +7,7 @@ import torch
 
 from reference_trainer.config import DataConfig
 from reference_trainer.corpus import Corpus
-from reference_trainer.data import ShardedLoader, TokenLayout, TokenStream
+from reference_trainer.data import DocumentPipeline, ShardedLoader, TokenLayout, TokenStream
 from reference_trainer.tokenizer import EOT, train_tokenizer
 
 EOT_ID = 0
@@ -50,7 +50,7 @@ def _stream(tokenizer, window: int = 17) -> TokenStream:  # type: ignore[no-unty
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
     corpus = Corpus(DataConfig().source_weights, seed=5)
-    return TokenStream(corpus, encode, TokenLayout(EOT_ID), window)
+    return TokenStream(DocumentPipeline(corpus), encode, TokenLayout(EOT_ID), window)
 
 
 def test_stream_resumes_exactly_from_its_state(tokenizer) -> None:  # type: ignore[no-untyped-def]

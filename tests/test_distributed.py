@@ -28,6 +28,7 @@ def test_two_rank_resume_is_bit_exact(tmp_path: Path) -> None:
     _ok(torchrun(2, *common, "--stop-after", "20", "--run-dir", str(split)))
     latest = split / "checkpoints" / "step-00000020"
     assert sorted(p.name for p in latest.iterdir()) == [
+        "manifest.json",
         "rng-rank-0.pt",
         "rng-rank-1.pt",
         "state.pt",

@@ -6,13 +6,16 @@ import contextlib
 import io
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from harness.journal import read_journal
 from reference_trainer import checkpoint as ckpt
+from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
 from reference_trainer.config import TrainConfig, preset
+from reference_trainer.manifest import describe_tensors, write_manifest
 from reference_trainer.train import train
 
 pytestmark = pytest.mark.slow
@@ -30,11 +33,19 @@ def run(cfg: TrainConfig, run_dir: Path, **kwargs: object) -> None:
         train(cfg, run_dir, **kwargs)  # type: ignore[arg-type]
 
 
-def final_state(run_dir: Path) -> dict[str, object]:
-    """The state in the run's latest checkpoint."""
+def final_state(run_dir: Path) -> dict[str, Any]:
+    """The state in the run's latest checkpoint, verified against its manifest."""
     latest = ckpt.latest_checkpoint(run_dir)
     assert latest is not None
-    return ckpt.load_state(latest)
+    manager = CheckpointManager(
+        run_dir,
+        CheckpointConfig(),
+        rank=0,
+        keep=1,
+        barrier=lambda: None,
+        claim=lambda *a, **k: None,
+    )
+    return manager.load(latest)
 
 
 def assert_same_tensors(a: object, b: object, where: str = "") -> None:
@@ -85,9 +96,12 @@ def test_a_resume_that_loses_the_data_position_is_caught(tmp_path: Path) -> None
     run(cfg, tmp_path / "split", stop_after=10)
     latest = ckpt.latest_checkpoint(tmp_path / "split")
     assert latest is not None
-    state = ckpt.load_state(latest)
-    state["data"] = {"next_doc": 0, "windows_taken": 0, "buffer": torch.zeros(0, dtype=torch.int64)}
-    torch.save(state, latest / "state.pt")  # the stream restarts from the first document
+    state = final_state(tmp_path / "split")
+    state["data"]["documents"]["position"] = 0  # the stream restarts from the first document
+    state["data"]["buffer"] = torch.zeros(0, dtype=torch.int64)
+    torch.save(state, latest / "state.pt")
+    (latest / "manifest.json").unlink()  # re-sign the edited checkpoint so it loads
+    write_manifest(latest, step=10, kind="full", parent=None, tensors=describe_tensors(state))
     run(cfg, tmp_path / "split", resume=True)
     straight, split = read_journal(tmp_path / "straight"), read_journal(tmp_path / "split")
     assert straight.losses()[:10] == split.losses()[:10]

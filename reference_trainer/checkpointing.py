@@ -1,0 +1,284 @@
+"""Deciding, writing and verifying checkpoints: full or delta, in the background, with a
+manifest, and a loader that refuses damaged checkpoints and falls back to older ones.
+
+Every ``full_every``-th checkpoint is full (``state.pt``); those in between are deltas
+(``delta.bin``) against the last full one. A save stalls the loop only to copy the state
+to CPU memory and write this rank's RNG file; rank 0 persists the rest in a background
+thread. Until the directory is renamed into place and ``latest`` rewritten, nothing on
+disk looks like a checkpoint, so a crash mid-persist leaves the previous one in charge.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reference_trainer import checkpoint as files
+from reference_trainer.delta import DeltaBlob, DeltaError, decode_delta, encode_delta
+from reference_trainer.errors import CheckpointError, ConfigError
+from reference_trainer.manifest import (
+    describe_tensors,
+    read_manifest,
+    verify_files,
+    verify_tensors,
+    write_manifest,
+)
+
+DELTA_FILE = "delta.bin"
+Claim = Callable[..., None]
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """How checkpoints are written and trusted."""
+
+    integrity: bool = True
+    """Verify every load against the manifest; fall back to an older valid checkpoint."""
+    delta: bool = True
+    """Write deltas between full checkpoints."""
+    full_every: int = 4
+    """Every this many checkpoints one is full (the others are deltas)."""
+    asynchronous: bool = True
+    """Persist in a background thread; the loop only waits for the copy to CPU memory."""
+    zstd_level: int = 3
+
+    def __post_init__(self) -> None:
+        if self.full_every < 1:
+            raise ConfigError(
+                f"stability.checkpoints.full_every must be >= 1, got {self.full_every}"
+            )
+        if not 1 <= self.zstd_level <= 22:
+            raise ConfigError(
+                f"stability.checkpoints.zstd_level must be in 1..22, got {self.zstd_level}"
+            )
+
+
+def snapshot(state: Any) -> Any:
+    """A deep copy with every tensor cloned to CPU memory (the loop may go on at once)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: snapshot(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(snapshot(v) for v in state)
+    return state
+
+
+class CheckpointManager:
+    """Saves and loads one run's checkpoints; every rank has one, rank 0 writes state."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: CheckpointConfig,
+        *,
+        rank: int,
+        keep: int,
+        barrier: Callable[[], None],
+        claim: Claim,
+    ) -> None:
+        self.run_dir = run_dir
+        self.root = files.checkpoint_root(run_dir)
+        self.config = config
+        self.rank = rank
+        self.keep = keep
+        self.barrier = barrier
+        self.claim = claim
+        self.last_verified: Path | None = None
+        self._base: tuple[str, Any] | None = None  # (name, state) of the last full save
+        self._since_full = 0
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # -- saving ----------------------------------------------------------------------
+
+    def save(self, step: int, state: dict[str, Any] | None) -> None:
+        """Checkpoint ``step``: every rank calls this; rank 0 passes the shared state."""
+        self.wait()
+        t0 = time.perf_counter()
+        final = self.root / files.checkpoint_name(step)
+        tmp = self.root / f".{final.name}.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        files.save_file(files.rng_state(), tmp / files.rng_file(self.rank))
+        self.barrier()
+        if self.rank != 0:
+            return
+        if state is None:
+            raise ValueError("rank 0 must pass the checkpoint state")
+        copy = snapshot(state)
+        stall = time.perf_counter() - t0
+        if self.config.asynchronous:
+            self._thread = threading.Thread(
+                target=self._persist_guarded,
+                args=(step, copy, tmp, final, stall),
+                name=f"checkpoint-{step}",
+                daemon=False,
+            )
+            self._thread.start()
+        else:
+            self._persist(step, copy, tmp, final, stall)
+
+    def wait(self) -> None:
+        """Block until the background save (if any) is on disk; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"background checkpoint save failed: {error}") from error
+
+    def _persist_guarded(self, *args: Any) -> None:
+        try:
+            self._persist(*args)
+        except BaseException as exc:  # surfaced on the main thread by wait()
+            self._error = exc
+
+    def _persist(self, step: int, state: Any, tmp: Path, final: Path, stall: float) -> None:
+        t0 = time.perf_counter()
+        full = (
+            not self.config.delta
+            or self._base is None
+            or self._since_full + 1 >= self.config.full_every
+        )
+        if full:
+            files.save_file(state, tmp / files.STATE_FILE)
+            parent = None
+        else:
+            assert self._base is not None
+            parent, base_state = self._base
+            blob = encode_delta(state, base_state, level=self.config.zstd_level)
+            _write_bytes(tmp / DELTA_FILE, blob.to_bytes())
+        write_manifest(
+            tmp,
+            step=step,
+            kind="full" if full else "delta",
+            parent=parent,
+            tensors=describe_tensors(state),
+        )
+        files.publish(tmp, final)
+        # Read back what landed before calling it good: a write can fail silently.
+        verify_files(final, read_manifest(final))
+        self.last_verified = final
+        if full:
+            self._base, self._since_full = (final.name, state), 0
+        else:
+            self._since_full += 1
+        size = sum(p.stat().st_size for p in final.iterdir())
+        self.claim(
+            "checkpoint_saved",
+            step=step,
+            path=str(final),
+            bytes=size,
+            type="full" if full else "delta",
+            seconds=time.perf_counter() - t0,
+            stall_seconds=stall,
+        )
+        self.prune()
+
+    def prune(self) -> list[Path]:
+        """Keep the newest ``keep`` checkpoints, the full ones their deltas need, and the
+        newest verified one; delete the rest."""
+        done = files.complete_checkpoints(self.run_dir)
+        keep = set(done[-self.keep :])
+        for path in list(keep):
+            parent = _parent(path)
+            if parent is not None:
+                keep.add(self.root / parent)
+        if self.last_verified is not None:
+            keep.add(self.last_verified)
+        removed = [p for p in done if p not in keep]
+        for path in removed:
+            shutil.rmtree(path, ignore_errors=True)
+        return removed
+
+    # -- loading ---------------------------------------------------------------------
+
+    def candidates(self) -> list[Path]:
+        """Checkpoints to try, newest first. Without integrity checks, ``latest`` alone."""
+        if not self.config.integrity:
+            latest = files.latest_checkpoint(self.run_dir)
+            return [latest] if latest else []
+        return list(reversed(files.complete_checkpoints(self.run_dir)))
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """The full state of one checkpoint, verified against its manifest when asked."""
+        if not self.config.integrity:
+            return self._read(path, verify=False)
+        return self._read(path, verify=True)
+
+    def _read(self, path: Path, *, verify: bool) -> dict[str, Any]:
+        manifest = read_manifest(path) if verify or (path / DELTA_FILE).exists() else None
+        if verify:
+            assert manifest is not None
+            verify_files(path, manifest)
+        if manifest is not None and manifest["kind"] == "delta":
+            base = self._read(self.root / str(manifest["parent"]), verify=verify)
+            try:
+                blob = DeltaBlob.from_bytes((path / DELTA_FILE).read_bytes())
+                state: dict[str, Any] = decode_delta(blob, base)
+            except (DeltaError, OSError) as exc:
+                raise CheckpointError(f"{path / DELTA_FILE}: {exc}") from exc
+        else:
+            state = files.load_file(path / files.STATE_FILE)
+        if verify:
+            assert manifest is not None
+            verify_tensors(path, manifest, state)
+        return state
+
+    def load_valid(
+        self, *, skip: int = 0, at_most_step: int | None = None
+    ) -> tuple[Path, dict[str, Any]]:
+        """The newest checkpoint that loads and verifies, passing over ``skip`` valid ones
+        and any newer than ``at_most_step``; every refusal is journaled."""
+        self.wait()
+        rejected = []
+        for path in self.candidates():
+            if at_most_step is not None and files.checkpoint_step(path) > at_most_step:
+                continue
+            try:
+                state = self.load(path)
+            except CheckpointError as exc:
+                rejected.append(f"{path.name}: {exc}")
+                self.claim("checkpoint_rejected", path=str(path), reason=str(exc))
+                continue
+            if skip:
+                skip -= 1
+                continue
+            self._note_loaded(path, state)
+            return path, state
+        detail = "; ".join(rejected) if rejected else "none found"
+        raise CheckpointError(f"no valid checkpoint in {self.root} ({detail})")
+
+    def _note_loaded(self, path: Path, state: dict[str, Any]) -> None:
+        self.last_verified = path if self.config.integrity else None
+        manifest = read_manifest(path) if (path / "manifest.json").exists() else None
+        if manifest is not None and manifest["kind"] == "full":
+            # A private copy: the optimizer adopts the loaded tensors and updates them in
+            # place, which would silently change the base later deltas are encoded against.
+            self._base, self._since_full = (path.name, snapshot(state)), 0
+        else:  # the next save is full: a delta's base must be one this process verified
+            self._base, self._since_full = None, 0
+
+
+def _parent(path: Path) -> str | None:
+    try:
+        parent = read_manifest(path).get("parent")
+    except CheckpointError:
+        return None
+    return str(parent) if parent else None
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    import os
+
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

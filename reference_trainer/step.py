@@ -1,0 +1,268 @@
+"""One optimizer step of the reference trainer, with every guard in its place:
+
+batch (bad-data faults) -> forward under autocast (blocks may run in fp32)
+-> scaled backward -> gradient faults -> unscale -> global gradient norm
+-> non-finite guard, agreed by all ranks (skip the update everywhere)
+-> adaptive clipping -> optimizer step -> loss-scale update -> precision switches
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from harness.agent import Agent
+from reference_trainer.clipping import clip_gradients, clip_threshold
+from reference_trainer.config import TrainConfig
+from reference_trainer.data import DocumentPipeline, ShardedLoader, TokenStream
+from reference_trainer.distributed import Topology
+from reference_trainer.loss_scale import DynamicLossScaler
+from reference_trainer.model import GPT, next_token_loss
+from reference_trainer.optim import layer_of, lr_at
+from reference_trainer.precision import Precision
+from reference_trainer.precision_switch import ActivationMonitor
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a step did: the `step` event's fields and the claims it gives rise to."""
+
+    observations: dict[str, Any]
+    claims: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> bool:
+        """The update was skipped."""
+        return bool(self.observations.get("skipped"))
+
+
+@dataclass(slots=True)
+class Trainer:
+    """The pieces of a run; `step` advances them by one optimizer step."""
+
+    cfg: TrainConfig
+    topo: Topology
+    model: GPT
+    wrapped: torch.nn.Module
+    optimizer: torch.optim.AdamW
+    precision: Precision
+    scaler: DynamicLossScaler
+    monitor: ActivationMonitor | None
+    documents: DocumentPipeline
+    stream: TokenStream
+    loader: ShardedLoader
+    agent: Agent
+    max_lr: float
+    #: Multiplier on the schedule, lowered by level-2 recovery.
+    lr_scale: float = 1.0
+    #: Set by level-3 recovery: train in fp32 from now on, whatever checkpoints say.
+    fp32_forced: bool = False
+    layers: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, param in self.model.named_parameters():
+            self.layers.setdefault(layer_of(name), []).append(param)
+
+    def lr(self, step: int) -> float:
+        """Learning rate of 1-based ``step``."""
+        base = lr_at(
+            step - 1,
+            max_lr=self.max_lr,
+            warmup_steps=self.cfg.optim.warmup_steps,
+            total_steps=self.cfg.steps,
+        )
+        return base * self.lr_scale
+
+    def step(self, step: int) -> StepResult:
+        """Train step ``step`` (1-based)."""
+        t0 = time.perf_counter()
+        agent, cfg, scaler = self.agent, self.cfg, self.scaler
+        agent.begin_step(step)
+        lr = self.lr(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch = agent.batch(self.loader.next_step()).to(self.topo.device)
+        accum = cfg.grad_accum
+        local = torch.zeros((), device=self.topo.device)
+        for micro in range(accum):
+            x, y = batch[micro, :, :-1], batch[micro, :, 1:]
+            sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
+            with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
+                with self.precision.autocast():
+                    loss = next_token_loss(self.wrapped(x), y)
+                scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
+            local += loss.detach() / accum
+        agent.after_backward()
+        params = list(self.model.parameters())
+        loss_scale = scaler.current()
+        scaler.unscale_(params)
+        grads = [p.grad for p in params if p.grad is not None]
+        grad_norm = float(
+            torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
+            )
+        )
+        mean_loss, all_finite = self._agree(local, math.isfinite(grad_norm))
+        claims: list[tuple[str, dict[str, Any]]] = []
+        skip = not all_finite and (cfg.stability.nonfinite_guard or scaler.active)
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+            claims.append(
+                (
+                    "detected",
+                    {
+                        "detector": "nonfinite_guard" if not scaler.active else "fp16_overflow",
+                        "details": {"loss": mean_loss, "grad_norm": grad_norm},
+                    },
+                )
+            )
+        else:
+            if cfg.stability.clipping.enabled:
+                threshold = clip_threshold(
+                    cfg.stability.clipping.base, cfg.global_batch(self.topo.world_size)
+                )
+                clip_gradients(self.layers, threshold, cfg.stability.clipping.layer_factors)
+            agent.before_optimizer_step()
+            self.optimizer.step()
+            agent.after_optimizer_step()
+            self.optimizer.zero_grad(set_to_none=True)
+        change = scaler.update(overflow=not all_finite)
+        if change is not None:
+            kind = "detected" if change.action != "growth" else "recovered"
+            name = "loss_scale_" + change.action
+            key = "detector" if kind == "detected" else "action"
+            claims.append(
+                (
+                    kind,
+                    {
+                        key: name,
+                        "details": {
+                            "old": change.old,
+                            "new": change.new,
+                            "hysteresis_left": change.hysteresis_left,
+                        },
+                    },
+                )
+            )
+        if self.monitor is not None:
+            for switch in self.monitor.end_step(step):
+                if switch.to == "fp32":
+                    claims.append(
+                        (
+                            "detected",
+                            {
+                                "detector": "activation_range",
+                                "details": {"layer": switch.layer, "max_abs": switch.max_abs},
+                            },
+                        )
+                    )
+                claims.append(
+                    (
+                        "recovered",
+                        {
+                            "action": f"precision_{switch.to}",
+                            "details": {"layer": switch.layer, "max_abs": switch.max_abs},
+                        },
+                    )
+                )
+        counters = self.documents.take_counters()
+        if counters.dropped:
+            claims.append(
+                (
+                    "detected",
+                    {
+                        "detector": "dedup",
+                        "details": {
+                            "dropped": sum(sum(r.values()) for r in counters.dropped.values()),
+                            "by_source": counters.dropped,
+                            "contaminated_dropped": counters.contaminated_dropped,
+                        },
+                    },
+                )
+            )
+        observations = {
+            "loss": mean_loss,
+            "local_loss": float(local),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "loss_scale": loss_scale,
+            "tokens": self.loader.tokens_per_step(),
+            "step_time": time.perf_counter() - t0,
+            "skipped": skip,
+            "docs": counters.docs,
+            "contaminated_docs": counters.contaminated_docs,
+        }
+        return StepResult(observations, claims)
+
+    def _agree(self, local_loss: torch.Tensor, grads_finite: bool) -> tuple[float, bool]:
+        """Mean loss over ranks and whether every rank's loss and gradients are finite,
+        in one collective so all ranks take the same decision."""
+        finite = torch.isfinite(local_loss) & torch.tensor(grads_finite, device=local_loss.device)
+        packed = torch.stack(
+            [
+                torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0),
+                (~finite).float(),
+                local_loss,
+            ]
+        )
+        if self.topo.distributed:
+            dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        n = self.topo.world_size
+        all_finite = bool(packed[1] == 0)
+        # A non-finite loss anywhere makes the mean non-finite, as it should be.
+        mean = float(packed[0] / n) if all_finite else float(packed[2] / n)
+        return mean, all_finite
+
+    def force_fp32(self) -> None:
+        """Train in fp32 from now on (level-3 recovery): no autocast, no loss scaling."""
+        self.fp32_forced = True
+        self._set_precision("fp32")
+
+    def _set_precision(self, name: str) -> None:
+        self.precision = Precision(name, self.topo.device.type)
+        self.scaler.active = name == "fp16" and self.cfg.stability.loss_scale.enabled
+        if name != "fp16":
+            self.scaler.scale = 1.0
+        if self.monitor is not None and name != "fp16":
+            for block in self.monitor.blocks.values():
+                block.fp32 = False
+
+    # -- state -------------------------------------------------------------------------
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """What a checkpoint keeps of the shared state (RNG states are saved per rank)."""
+        return {
+            "step": step,
+            "world_size": self.topo.world_size,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "data": self.stream.state_dict(),
+            "trainer": {
+                "lr_scale": self.lr_scale,
+                "precision": self.precision.name,
+                "monitor": self.monitor.state_dict() if self.monitor else {},
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> int:
+        """Restore from a checkpoint's state; returns its step."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.stream.load_state_dict(state["data"])
+        extra = state.get("trainer", {})
+        self.lr_scale = float(extra.get("lr_scale", 1.0))
+        self._set_precision(
+            "fp32" if self.fp32_forced else extra.get("precision", self.cfg.precision)
+        )
+        if self.monitor is not None and extra.get("monitor"):
+            self.monitor.load_state_dict(extra["monitor"])
+        return int(state["step"])

@@ -1,0 +1,327 @@
+"""Loss-spike detectors on synthetic loss curves: hits, silence, non-finite, resume, RNG."""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from reference_trainer.loss_spikes import (
+    EarlyMaxConfig,
+    EarlyMaxDetector,
+    ForecastConfig,
+    ForecastDetector,
+    LossSpikeDetector,
+    RobustZScoreConfig,
+    RobustZScoreDetector,
+    SpikeClaim,
+    SpikeConfig,
+    SpikeMonitor,
+    build_detectors,
+)
+
+SEEDS = range(5)
+STEPS = 200
+MAKERS: dict[str, Callable[[], LossSpikeDetector]] = {
+    "robust_zscore": RobustZScoreDetector,
+    "early_max": EarlyMaxDetector,
+    "forecast": ForecastDetector,
+}
+# (noise sigma, spike factor, spike length): from a small spike on a quiet curve to a
+# large one on a noisy curve.
+SPIKES = [(0.05, 1.5, 1), (0.1, 2.0, 2), (0.15, 3.0, 3)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny LSTM steps are slower, not faster, with several threads on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def loss_curve(seed: int, sigma: float = 0.1, steps: int = STEPS) -> np.ndarray:
+    """``2 + 5·exp(-t/40)`` plus Gaussian noise: a typical falling training loss."""
+    t = np.arange(steps)
+    return 2 + 5 * np.exp(-t / 40) + np.random.default_rng(seed).normal(0, sigma, steps)
+
+
+def spike_step(seed: int) -> int:
+    """A spike position in [60, 180) that varies with the seed."""
+    return 60 + (37 * seed) % 120
+
+
+def spiked(
+    seed: int, sigma: float, factor: float, length: int, at: int | None = None
+) -> tuple[np.ndarray, int]:
+    """The clean curve of ``seed`` with ``length`` steps multiplied by ``factor``."""
+    losses = loss_curve(seed, sigma)
+    at = spike_step(seed) if at is None else at
+    losses[at : at + length] *= factor
+    return losses, at
+
+
+def claims(detector: LossSpikeDetector, losses: np.ndarray, start: int = 0) -> list[SpikeClaim]:
+    """Every claim the detector makes over ``losses`` (steps numbered from ``start``)."""
+    found = [detector.observe(start + i, float(x)) for i, x in enumerate(losses)]
+    return [c for c in found if c is not None]
+
+
+def clean_claim_steps(name: str, seed: int, sigma: float) -> list[int]:
+    return [c.step for c in claims(MAKERS[name](), loss_curve(seed, sigma))]
+
+
+# -- hits and silence ----------------------------------------------------------------------
+
+
+def _fires_at(name: str, seed: int, sigma: float, factor: float, length: int) -> None:
+    losses, at = spiked(seed, sigma, factor, length)
+    steps = [c.step for c in claims(MAKERS[name](), losses)]
+    assert steps and steps[0] == at, (name, seed, at, steps)  # latency 0 (patience 1)
+    assert set(steps) <= set(range(at, at + length)), (name, seed, at, steps)
+
+
+@pytest.mark.parametrize(("sigma", "factor", "length"), SPIKES)
+def test_robust_zscore_fires_at_the_spike_and_nowhere_else(
+    sigma: float, factor: float, length: int
+) -> None:
+    for seed in SEEDS:
+        _fires_at("robust_zscore", seed, sigma, factor, length)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_forecast_fires_at_the_spike_and_nowhere_else(seed: int) -> None:
+    _fires_at("forecast", seed, *SPIKES[seed % len(SPIKES)])
+
+
+def test_false_alarms_on_clean_curves() -> None:
+    sigmas = {"robust_zscore": (0.05, 0.1, 0.15), "early_max": (0.05, 0.15), "forecast": (0.1,)}
+    counts = {
+        name: sum(len(clean_claim_steps(name, seed, sigma)) for seed in SEEDS for sigma in sigmas)
+        for name, sigmas in sigmas.items()
+    }
+    assert counts["robust_zscore"] == 0
+    assert counts["early_max"] == 0
+    assert counts["forecast"] <= len(SEEDS) * STEPS // 1000, counts
+
+
+def test_a_clean_curve_gives_no_claims_at_all() -> None:
+    monitor = SpikeMonitor()
+    found = [monitor.observe(i, float(x)) for i, x in enumerate(loss_curve(0, 0.1))]
+    assert not any(found)
+
+
+@pytest.mark.parametrize("name", ["robust_zscore", "forecast"])
+def test_a_small_bump_does_not_fire(name: str) -> None:
+    for seed in SEEDS:
+        losses, _ = spiked(seed, 0.1, 1.05, 1, at=100)
+        assert claims(MAKERS[name](), losses[:120]) == [], seed
+
+
+def test_early_max_is_blind_below_its_factor_but_fires_above_it() -> None:
+    """Known blind spot: 10x the early maximum is far above any ordinary spike."""
+    for seed in SEEDS:
+        losses, at = spiked(seed, 0.1, 3.0, 3)
+        assert claims(EarlyMaxDetector(), losses) == []
+        losses[at] = 9 * losses[:10].max()
+        assert claims(EarlyMaxDetector(), losses) == []
+        losses[at] = 12 * losses[:10].max()
+        found = claims(EarlyMaxDetector(), losses)
+        assert [c.step for c in found] == [at]
+        assert found[0].details["threshold"] == pytest.approx(10 * losses[:10].max())
+        assert found[0].details["early_max"] == losses[:10].max()
+
+
+def test_claims_carry_the_figures_that_made_them() -> None:
+    losses, at = spiked(1, 0.1, 2.0, 1)
+    losses = losses[: at + 1]
+    robust = claims(RobustZScoreDetector(), losses)[0].details
+    assert robust["z"] > 6 and robust["patience_count"] == 1
+    assert robust["mad"] > 0 and robust["non_finite"] == 0
+    forecast = claims(ForecastDetector(), losses)[0]
+    details = forecast.details
+    assert details["band_low"] < details["forecast_mean"] < details["band_high"] < forecast.loss
+    assert details["band_high"] == pytest.approx(
+        details["forecast_mean"] + 3 * details["forecast_std"]
+    )
+    assert abs(details["forecast_mean"] - losses[at] / 2) < 0.5  # it predicted the clean loss
+
+
+# -- non-finite losses and patience --------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("at", [3, 100])
+def test_a_non_finite_loss_fires_every_detector(bad: float, at: int) -> None:
+    losses = loss_curve(2, 0.1)[: at + 30]
+    losses[at] = bad
+    for name, make in MAKERS.items():
+        found = claims(make(), losses)
+        assert [c.step for c in found] == [at], name  # and the history is not polluted
+        assert found[0].detector == name and found[0].details["non_finite"] == 1
+
+
+@pytest.mark.parametrize(("length", "fires"), [(2, False), (3, True)])
+def test_patience_needs_consecutive_exceedances(length: int, fires: bool) -> None:
+    for seed in SEEDS:
+        losses, at = spiked(seed, 0.1, 2.0, length)
+        found = claims(RobustZScoreDetector(RobustZScoreConfig(patience=3)), losses)
+        if fires:
+            assert [c.step for c in found] == [at + 2]
+            assert found[0].details["patience_count"] == 3
+        else:
+            assert found == []
+
+
+def test_a_spike_does_not_enter_the_robust_window() -> None:
+    losses, at = spiked(3, 0.1, 2.0, 3)
+    detector = RobustZScoreDetector()
+    claims(detector, losses[: at + 3])
+    assert max(detector.window) < 1.5 * losses[at - 1]
+
+
+# -- state -------------------------------------------------------------------------------
+
+
+def _through_a_checkpoint(state: dict[str, object]) -> dict[str, object]:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded: dict[str, object] = torch.load(buffer, weights_only=True)
+    return loaded
+
+
+@pytest.mark.parametrize("name", [*MAKERS, "monitor"])
+def test_a_restored_detector_continues_identically(name: str) -> None:
+    losses, _ = spiked(4, 0.1, 2.0, 2, at=130)
+    losses[160] = 12 * losses[:10].max()
+    losses[170] = math.nan
+    make = SpikeMonitor if name == "monitor" else MAKERS[name]
+    first = make()
+    for i, x in enumerate(losses[:100]):
+        first.observe(i, float(x))
+    state = _through_a_checkpoint(first.state_dict())
+    ahead = [first.observe(100 + i, float(x)) for i, x in enumerate(losses[100:])]
+    second = make()
+    second.load_state_dict(state)
+    behind = [second.observe(100 + i, float(x)) for i, x in enumerate(losses[100:])]
+    assert any(ahead)
+    # same steps, losses and figures to the last bit (repr: a NaN loss equals itself)
+    assert repr(behind) == repr(ahead)
+
+
+def test_a_restored_forecaster_has_the_same_weights_and_forecasts() -> None:
+    losses = loss_curve(5, 0.1)
+    first, second = ForecastDetector(), ForecastDetector(ForecastConfig(seed=99))
+    claims(first, losses[:120])
+    second.load_state_dict(first.state_dict())
+    claims(first, losses[120:150], start=120)
+    claims(second, losses[120:150], start=120)
+    assert first.pending == second.pending and first.pending
+    for a, b in zip(first.net.parameters(), second.net.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_reset_forgets_history() -> None:
+    losses, at = spiked(0, 0.1, 2.0, 1)
+    losses[at + 20] = 12 * losses[:10].max()
+    losses = losses[: at + 30]
+    for make in MAKERS.values():
+        used = make()
+        claims(used, loss_curve(7, 0.15)[:100:-1])  # a rising curve: nothing like the next one
+        used.reset()
+        fresh = claims(make(), losses)
+        assert fresh and claims(used, losses) == fresh
+
+
+def test_states_of_other_detectors_are_refused() -> None:
+    with pytest.raises(ValueError, match="early_max"):
+        RobustZScoreDetector().load_state_dict(EarlyMaxDetector().state_dict())
+
+
+# -- the forecaster and global state -------------------------------------------------------
+
+
+def test_forecaster_leaves_the_global_rng_and_threads_alone() -> None:
+    torch.manual_seed(1234)
+    before, threads = torch.get_rng_state(), torch.get_num_threads()
+    detector = ForecastDetector()
+    claims(detector, spiked(0, 0.1, 2.0, 1)[0][:80])
+    detector.reset()
+    claims(detector, loss_curve(1)[:40])
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.get_num_threads() == threads
+    assert torch.is_grad_enabled()
+
+
+def test_forecaster_is_seeded() -> None:
+    losses = loss_curve(6, 0.1)[:60]
+    a, b, c = ForecastDetector(), ForecastDetector(), ForecastDetector(ForecastConfig(seed=1))
+    for detector in (a, b, c):
+        claims(detector, losses)
+    assert a.pending == b.pending
+    assert a.pending != c.pending
+
+
+def test_forecaster_works_under_no_grad() -> None:
+    losses, at = spiked(2, 0.1, 2.0, 1)
+    losses = losses[: at + 20]
+    expected = claims(ForecastDetector(), losses)
+    with torch.no_grad():
+        assert claims(ForecastDetector(), losses) == expected
+    assert [c.step for c in expected] == [at]
+
+
+# -- configuration and the monitor ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: RobustZScoreConfig(window=3), "spikes.robust.window"),
+        (lambda: RobustZScoreConfig(z_threshold=0), "spikes.robust.z_threshold"),
+        (lambda: RobustZScoreConfig(patience=0), "spikes.robust.patience"),
+        (lambda: RobustZScoreConfig(min_history=60), "spikes.robust.min_history"),
+        (lambda: EarlyMaxConfig(early_steps=0), "spikes.early_max.early_steps"),
+        (lambda: EarlyMaxConfig(factor=1.0), "spikes.early_max.factor"),
+        (lambda: ForecastConfig(context=0), "spikes.forecast.context"),
+        (lambda: ForecastConfig(sigma_k=-1), "spikes.forecast.sigma_k"),
+        (lambda: ForecastConfig(min_history=10), "spikes.forecast.min_history"),
+        (lambda: ForecastConfig(norm_decay=1.0), "spikes.forecast.norm_decay"),
+        (lambda: SpikeConfig(enabled=("robust_zscore", "spike_oracle")), "spikes.enabled"),
+        (lambda: SpikeConfig(enabled=("robust_zscore",)), "spikes.acting"),
+    ],
+)
+def test_config_errors_name_the_field(make: Callable[[], object], field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        make()
+
+
+def test_the_monitor_revalidates_a_changed_config() -> None:
+    config = SpikeConfig()
+    config.enabled = ("early_max",)  # acting still names robust_zscore
+    with pytest.raises(ValueError, match="acting"):
+        SpikeMonitor(config)
+    config.acting = ()
+    assert [d.name for d in SpikeMonitor(config).detectors] == ["early_max"]
+
+
+def test_only_acting_detectors_trigger_recovery() -> None:
+    detectors = build_detectors(SpikeConfig())
+    assert [d.name for d in detectors] == list(MAKERS)
+    assert all(isinstance(d, LossSpikeDetector) for d in detectors)
+    monitor = SpikeMonitor()
+    forecast_only = [SpikeClaim("forecast", 5, 9.0, {})]
+    assert not monitor.acting(forecast_only)
+    assert monitor.acting([*forecast_only, SpikeClaim("early_max", 5, 9.0, {})])
+    assert SpikeMonitor(SpikeConfig(acting=("forecast",))).acting(forecast_only)
+    losses, at = spiked(0, 0.1, 2.0, 1)
+    found = [monitor.observe(i, float(x)) for i, x in enumerate(losses)]
+    fired = {c.detector for step_claims in found for c in step_claims}
+    assert fired == {"robust_zscore", "forecast"}
+    assert monitor.acting(found[at]) and [s for s, f in enumerate(found) if f] == [at]

@@ -1,0 +1,133 @@
+"""Every stability mechanism of the reference trainer, shown twice: with it, the injected
+fault is detected and recovered (judged by observation: parameters finite, training
+completed, final loss near a clean run of the same seed); without it, the same fault
+visibly breaks the run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from faults import build_injector, parse_fault
+from reference_trainer.errors import CheckpointError
+
+from .stability_support import claims, config, final_loss, finite_at_end, near, run
+
+pytestmark = pytest.mark.slow
+
+NAN_AT_12 = [{"kind": "nan_grad", "at_step": 12, "target": "blocks.0.attn.*"}]
+
+
+@pytest.fixture(scope="module")
+def clean_fp32(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """Final loss of a fault-free 40-step run (the baseline every fp32 case compares to)."""
+    _, journal = run(tmp_path_factory.mktemp("clean") / "run", config(steps=40))
+    return final_loss(journal)
+
+
+def test_nonfinite_guard_skips_the_poisoned_step(tmp_path: Path, clean_fp32: float) -> None:
+    result, journal = run(tmp_path, config(steps=40), NAN_AT_12)
+    assert result.status == "completed"
+    step12 = journal.steps()[12]
+    assert step12["skipped"] is True and math.isnan(step12["grad_norm"])
+    (claim,) = claims(journal, "detected", "nonfinite_guard")
+    assert claim.step == 12
+    assert finite_at_end(journal)
+    assert near(final_loss(journal), clean_fp32, rel=0.05)
+
+
+def test_without_the_guard_nan_reaches_the_weights(tmp_path: Path) -> None:
+    _, journal = run(tmp_path, config(steps=40, disable=("nonfinite_guard", "recovery")), NAN_AT_12)
+    assert journal.steps()[12]["params_finite"] is False
+    assert math.isnan(final_loss(journal)) and not finite_at_end(journal)
+    assert not claims(journal, "detected", "nonfinite_guard")
+
+
+def test_loss_spike_is_detected_and_rolled_back(tmp_path: Path, clean_fp32: float) -> None:
+    faults = [{"kind": "lr_spike", "at_step": 15, "factor": 100.0}]
+    result, journal = run(tmp_path, config(steps=40), faults)
+    assert result.status == "completed"
+    detected = claims(journal, "detected", "robust_zscore")
+    assert detected and 16 <= detected[0].step <= 17  # the loss jumps the step after
+    (rollback,) = claims(journal, "recovered", "rollback")
+    assert rollback["details"]["checkpoint"] == "step-00000010"
+    assert near(final_loss(journal), clean_fp32, rel=0.05)
+
+
+def test_without_spike_detection_the_spike_ruins_the_run(tmp_path: Path, clean_fp32: float) -> None:
+    faults = [{"kind": "lr_spike", "at_step": 15, "factor": 100.0}]
+    _, journal = run(tmp_path, config(steps=40, disable=("spikes",)), faults)
+    assert not claims(journal, "recovered")
+    assert final_loss(journal) > 1.5 * clean_fp32
+
+
+def test_recovery_escalates_through_every_level_then_stops_with_a_diagnosis(
+    tmp_path: Path,
+) -> None:
+    faults = [{"kind": "inf_grad", "at_step": 12, "every": 1}]  # broken for good
+    result, journal = run(tmp_path, config(steps=60), faults)
+    assert result.status == "failed"
+    actions = [(e["action"], e["details"]["level"]) for e in claims(journal, "recovered")]
+    assert actions == [("rollback", 1), ("rollback_lower_lr", 2), ("fp32_retry", 3)]
+    lowered = claims(journal, "recovered", "rollback_lower_lr")[0]["details"]
+    assert lowered["lr_scale"] == pytest.approx(0.8) and lowered["skipped_windows"] > 0
+    assert claims(journal, "detected", "recovery_exhausted")
+    (end,) = journal.of_kind("run_end")
+    assert end["status"] == "failed" and "diagnosis.md" in end["reason"]
+    diagnosis = (tmp_path / "diagnosis.md").read_text()
+    assert "| 4 | give_up |" in diagnosis and "non_finite_steps" in diagnosis
+
+
+def test_without_recovery_a_lasting_fault_stalls_training(tmp_path: Path) -> None:
+    faults = [{"kind": "inf_grad", "at_step": 12, "every": 1}]
+    _, journal = run(tmp_path, config(steps=40, disable=("recovery",)), faults)
+    skipped = [s for s, e in journal.steps().items() if e["skipped"]]
+    assert skipped == list(range(12, 41))  # every step after the fault lost, unnoticed
+    assert not claims(journal, "recovered") and not (tmp_path / "diagnosis.md").exists()
+
+
+def test_a_damaged_latest_checkpoint_is_rejected_and_an_older_one_used(tmp_path: Path) -> None:
+    cfg = config(steps=30)
+    run(tmp_path, cfg, stop_after=20)
+    damage = {"kind": "truncate", "at_step": 1, "file": "delta.bin"}  # 20 is a delta of 10
+    build_injector(parse_fault(damage)).apply(tmp_path)  # type: ignore[attr-defined]
+    result, journal = run(tmp_path, cfg, resume=True)
+    assert result.status == "completed"
+    (rejected,) = journal.of_kind("checkpoint_rejected")
+    assert rejected["path"].endswith("step-00000020") and "manifest says" in rejected["reason"]
+    loaded = [e["path"] for e in journal.of_kind("checkpoint_loaded")]
+    assert loaded[-1].endswith("step-00000010")
+    assert sorted(journal.steps()) == list(range(1, 31))
+
+
+def test_without_integrity_checks_the_damaged_checkpoint_is_loaded(tmp_path: Path) -> None:
+    cfg = config(steps=30, fragile=True)
+    run(tmp_path, cfg, stop_after=20)
+    damage = {"kind": "truncate", "at_step": 1, "file": "state.pt"}
+    build_injector(parse_fault(damage)).apply(tmp_path)  # type: ignore[attr-defined]
+    with pytest.raises(CheckpointError, match=r"step-00000020/state\.pt is unreadable"):
+        run(tmp_path, cfg, resume=True)
+
+
+def test_duplicates_are_dropped_before_they_reach_the_model(tmp_path: Path) -> None:
+    faults = [{"kind": "duplicate_contamination", "at_step": 1, "rate": 0.05, "pool": 8}]
+    _, journal = run(tmp_path, config(steps=40, batch_size=16), faults)
+    steps = journal.of_kind("step")
+    assert sum(e["contaminated_docs"] for e in steps) == 0
+    drops = claims(journal, "detected", "dedup")
+    dropped = sum(c["details"]["contaminated_dropped"] for c in drops)
+    assert dropped >= 3
+    assert all(
+        sum(c["details"]["by_source"][s].values()) for c in drops for s in c["details"]["by_source"]
+    )
+
+
+def test_without_dedup_tagged_duplicates_reach_the_model(tmp_path: Path) -> None:
+    faults = [{"kind": "duplicate_contamination", "at_step": 1, "rate": 0.05, "pool": 8}]
+    _, journal = run(tmp_path, config(steps=40, batch_size=16, disable=("dedup",)), faults)
+    steps = journal.of_kind("step")
+    docs, tainted = sum(e["docs"] for e in steps), sum(e["contaminated_docs"] for e in steps)
+    assert tainted >= 3 and 0.01 < tainted / docs < 0.12
+    assert not claims(journal, "detected", "dedup")
