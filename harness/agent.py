@@ -23,6 +23,7 @@ With no fault planned the agent costs one journal line per step and, every
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from faults import (
@@ -42,7 +44,9 @@ from faults import (
     Injector,
     StepContext,
     build_injector,
+    parse_fault,
 )
+from harness.control import ControlChannel, register_pid
 from harness.journal import Event, JournalWriter, journal_path, read_journal_file
 
 
@@ -60,6 +64,7 @@ class Agent:
         model: nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         check_params_every: int = 10,
+        control: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
@@ -84,6 +89,12 @@ class Agent:
         self._current: int | None = None  # plan index of the injector running a hook
         self.pids: dict[int, int] = {rank: os.getpid()}
         self.remember_fired(earlier)
+        self.channel: ControlChannel | None = None
+        if control:
+            register_pid(self.run_dir, rank, os.getpid())
+            if rank == 0:
+                self.channel = ControlChannel(self.run_dir)
+        self._control = control
 
     # -- the step --------------------------------------------------------------------
 
@@ -112,9 +123,12 @@ class Agent:
         return step < self._timed_start[index] + spec.duration
 
     def begin_step(self, step: int) -> None:
-        """Start step ``step`` (1-based): arm the faults active now, call their forward hooks."""
+        """Start step ``step`` (1-based): take live commands, arm the faults active now, call
+        their forward hooks."""
         self.step = step
         self._injected_this_step = False
+        if self._control:
+            self._take_commands(step)
         # A step replayed after a rollback or restart does not meet its fault again: a
         # fault happens at a step once (persistent faults span steps with `duration`).
         self._active = [
@@ -223,6 +237,40 @@ class Agent:
                 details=details,
             )
 
+    def _take_commands(self, step: int) -> None:
+        """Rank 0 reads the inbox and decides; every rank arms the same faults for the same
+        step (one small broadcast per step when several ranks train together)."""
+        decided = []
+        if self.channel is not None:
+            for received in self.channel.poll():
+                if received.fault is None:
+                    decided.append(
+                        {"id": received.id, "accepted": False, "reason": received.reason}
+                    )
+                    continue
+                effective = step + received.in_steps
+                decided.append(
+                    {"id": received.id, "accepted": True, "fault": received.fault,
+                     "effective_step": effective}
+                )  # fmt: skip
+        decided = json.loads(broadcast_text(json.dumps(decided), self.rank, self.world_size))
+        for entry in decided:
+            if entry["accepted"]:
+                spec = parse_fault({**entry["fault"], "at_step": entry["effective_step"]})
+                self._injectors.append((spec, build_injector(spec)))
+                self._index[id(self._injectors[-1][1])] = len(self._injectors) - 1
+                self.journal.emit(
+                    "command", step, id=entry["id"], accepted=True, fault=spec.kind,
+                    effective_step=entry["effective_step"],
+                )  # fmt: skip
+            elif self.rank == 0:
+                self.journal.emit(
+                    "command", step, id=entry["id"], accepted=False, reason=entry["reason"]
+                )
+            if self.channel is not None:
+                answer = {k: v for k, v in entry.items() if k != "fault"}
+                self.channel.answer(entry["id"], step=step, **answer)
+
     def remember_fired(self, events: Iterable[Any]) -> None:
         """Learn from earlier ``fault_injected`` events (of a previous attempt of this run)
         which faults already happened, so a restarted job does not meet them again."""
@@ -230,6 +278,25 @@ class Agent:
             index = event.get("details", {}).get("plan_index")
             if event.kind == "fault_injected" and event.rank == self.rank and index is not None:
                 self._fired.add((int(index), event.step))
+
+
+def broadcast_text(text: str, rank: int, world_size: int) -> str:
+    """Rank 0's ``text`` on every rank (unchanged in a single process)."""
+    if world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return text
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+    data = text.encode() if rank == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    if rank == 0:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device or "cpu")
+    else:
+        buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    if int(size.item()):
+        dist.broadcast(buffer, src=0)
+    return bytes(buffer.cpu().tolist()).decode()
 
 
 def params_finite(model: nn.Module) -> bool:

@@ -7,15 +7,18 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+import yaml
 from pydantic_core import PydanticUndefined
 
 from faults import FaultSpec, kinds
 from faults.registry import FaultKind
 from harness import __version__
+from harness.control import ControlError, send, wait_for_answer
 from harness.errors import TightropeError
 from harness.journal import read_journal
+from harness.status import job_status
 from harness.summary import summarize
 
 
@@ -39,7 +42,80 @@ def build_parser() -> argparse.ArgumentParser:
     summary.set_defaults(handler=_summary)
     listing = commands.add_parser("faults", help="list every fault kind with its parameters")
     listing.set_defaults(handler=_faults)
+    inject = commands.add_parser(
+        "inject",
+        help="arm a fault in a running job",
+        description="Arm a fault in a running job; prints the step at which it takes effect "
+        "(the same on every rank). Exit 0 when armed, 1 when the job refused or did not "
+        "answer, 2 on bad input.",
+    )
+    inject.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    inject.add_argument("kind", metavar="KIND", help="fault kind (see `tightrope faults`)")
+    inject.add_argument("params", nargs="*", metavar="NAME=VALUE", help="fault parameters")
+    inject.add_argument("--rank", type=int, help="hit this rank only (default: the kind's own)")
+    inject.add_argument(
+        "--in-steps", type=int, default=1, metavar="K", help="take effect K steps from now"
+    )
+    inject.add_argument(
+        "--wait", type=float, default=30.0, metavar="S", help="seconds to wait for the job"
+    )
+    inject.set_defaults(handler=_inject)
+    status = commands.add_parser("status", help="step, loss, armed and fired faults of a job")
+    status.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    status.set_defaults(handler=_status)
     return parser
+
+
+def _parse_params(pairs: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise ControlError(f"parameter {pair!r} is not NAME=VALUE")
+        params[name] = yaml.safe_load(text) if text else ""
+    return params
+
+
+def _inject(args: argparse.Namespace) -> int:
+    fault = {"kind": args.kind, **_parse_params(args.params)}
+    if args.rank is not None:
+        fault["ranks"] = [args.rank]
+    command = send(args.run_dir, fault, in_steps=args.in_steps)
+    answer = wait_for_answer(args.run_dir, command.id, args.wait)
+    if answer is None:
+        print(
+            f"tightrope: no answer from the job in {args.run_dir} within {args.wait:g} s "
+            "(is it running?); the command was withdrawn",
+            file=sys.stderr,
+        )
+        return 1
+    if not answer.get("accepted"):
+        print(f"tightrope: the job refused {command.id}: {answer.get('reason')}", file=sys.stderr)
+        return 1
+    print(
+        f"{command.id}: {args.kind} armed for step {answer['effective_step']} "
+        f"(the job was at step {answer['step']})"
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state = job_status(read_journal(args.run_dir))
+    loss = f"{state.loss:.4f}" if state.loss is not None else "-"
+    print(f"run      {args.run_dir} ({'running' if state.running else 'not running'})")
+    print(f"step     {state.step}   loss {loss}")
+    for item in state.armed:
+        print(f"armed    {item['fault']} at step {item['step']} ({item['id']})")
+    for item in state.fired:
+        print(
+            f"fired    {item['fault']} at step {item['step']} on rank {item['rank']} "
+            f"-> {item['target']}"
+        )
+    for item in state.rejected:
+        print(f"refused  {item['id']}: {item['reason']}")
+    return 0
 
 
 def _faults(args: argparse.Namespace) -> int:
@@ -95,7 +171,14 @@ def _summary(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tightrope`` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # inject's NAME=VALUE parameters may come after its options.
+    if getattr(args, "command", None) == "inject":
+        params = [e for e in extra if "=" in e and not e.startswith("-")]
+        args.params += params
+        extra = [e for e in extra if e not in params]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2

@@ -173,6 +173,18 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 reason=FieldSpec("str", "Why it was refused.", required=True),
             ),
         ),
+        "command": (
+            "A live-control command reached the job (accepted or rejected).",
+            _kind(
+                id=FieldSpec("str", "Command id, as `tightrope inject` printed it.", required=True),
+                accepted=FieldSpec("bool", "Whether the job armed it.", required=True),
+                fault=FieldSpec("str", "Fault kind the command asked for."),
+                effective_step=FieldSpec(
+                    "int", "Step at which the fault takes effect, the same on every rank."
+                ),
+                reason=FieldSpec("str", "Why it was rejected."),
+            ),
+        ),
         "rank_lost": (
             "A rank stopped answering or died.",
             _kind(

@@ -1,0 +1,212 @@
+"""Live control: arm a fault in a job that is already running.
+
+Files under ``RUN_DIR/control/``::
+
+    secret              per-run key, 32 random bytes in hex, mode 0600, made by rank 0
+    inbox/<id>.json     a command: the fault, how many steps from now, and its HMAC
+    acks/<id>.json      the job's answer: accepted at step N, or rejected with a reason
+    pids/rank-<R>       the process id each rank registered (process faults act on them)
+
+A command is authenticated with HMAC-SHA256 under the secret, validated as a fault
+spec, and, when accepted, armed on every rank for the same step (rank 0 decides and
+broadcasts). Commands are JSON; nothing read from these files is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from faults import FaultSpecError, parse_fault
+from harness.errors import TightropeError
+
+CONTROL_DIR = "control"
+SECRET_FILE = "secret"
+
+
+class ControlError(TightropeError):
+    """A command could not be sent or answered."""
+
+
+def control_dir(run_dir: str | os.PathLike[str]) -> Path:
+    """The control folder of a run."""
+    return Path(run_dir) / CONTROL_DIR
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def ensure_secret(run_dir: str | os.PathLike[str]) -> bytes:
+    """The run's key, created with mode 0600 on first use."""
+    folder = control_dir(run_dir)
+    for sub in ("inbox", "acks", "pids"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    path = folder / SECRET_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return read_secret(run_dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return read_secret(run_dir)
+
+
+def read_secret(run_dir: str | os.PathLike[str]) -> bytes:
+    """The run's key; refuses a missing key or one that others can read."""
+    path = control_dir(run_dir) / SECRET_FILE
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        raise ControlError(
+            f"{run_dir} has no control channel ({path} is missing): the job is not running "
+            "under tightrope, or has not started yet"
+        ) from None
+    except OSError as exc:
+        raise ControlError(f"cannot read {path}: {exc.strerror}") from exc
+    if mode & 0o077:
+        raise ControlError(f"{path} is readable by others (mode {mode:o}); expected 600")
+    return key.encode()
+
+
+def _mac(key: bytes, body: Mapping[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
+
+
+def validate_fault(fault: Mapping[str, Any], where: str = "command") -> dict[str, Any]:
+    """A fault as a live command carries it: no trigger (the job sets ``at_step``)."""
+    triggers = {"at_step", "every", "probability", "after_seconds"} & fault.keys()
+    if triggers:
+        raise FaultSpecError(
+            f"{where}: a live command takes effect --in-steps from now; drop "
+            f"{', '.join(sorted(triggers))}"
+        )
+    parse_fault({**fault, "at_step": 1}, where)
+    return dict(fault)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One command as sent: the fault and how many steps from receipt it fires."""
+
+    id: str
+    fault: dict[str, Any]
+    in_steps: int
+
+
+def send(run_dir: str | os.PathLike[str], fault: Mapping[str, Any], in_steps: int = 1) -> Command:
+    """Validate, sign and drop a command into the job's inbox."""
+    if in_steps < 0:
+        raise ControlError(f"--in-steps must be >= 0, got {in_steps}")
+    checked = validate_fault(fault)
+    body: dict[str, Any] = {"fault": checked, "in_steps": in_steps, "issued": time.time()}
+    key = read_secret(run_dir)
+    command_id = f"c{int(time.time())}-{secrets.token_hex(4)}"
+    body["id"] = command_id
+    message = {"command": body, "mac": _mac(key, body)}
+    _write_atomic(control_dir(run_dir) / "inbox" / f"{command_id}.json", json.dumps(message))
+    return Command(command_id, checked, in_steps)
+
+
+def wait_for_answer(
+    run_dir: str | os.PathLike[str], command_id: str, timeout: float
+) -> dict[str, Any] | None:
+    """The job's answer to a command, or None when none came within ``timeout`` (the
+    unread command is then withdrawn so it cannot fire later by surprise)."""
+    ack = control_dir(run_dir) / "acks" / f"{command_id}.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ack.exists():
+            answer: dict[str, Any] = json.loads(ack.read_text())
+            return answer
+        time.sleep(0.05)
+    (control_dir(run_dir) / "inbox" / f"{command_id}.json").unlink(missing_ok=True)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A command as the job read it: valid and ready to arm, or rejected with a reason."""
+
+    id: str
+    fault: dict[str, Any] | None
+    in_steps: int
+    reason: str = ""
+
+
+class ControlChannel:
+    """The job's side (rank 0): reads, authenticates and answers commands."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.folder = control_dir(run_dir)
+        self.key = ensure_secret(run_dir)
+
+    def poll(self) -> list[Received]:
+        """Commands waiting in the inbox, oldest first; each is removed once read."""
+        inbox = self.folder / "inbox"
+        received = []
+        for path in sorted(inbox.glob("*.json"), key=lambda p: p.stat().st_mtime):
+            received.append(self._read(path))
+            path.unlink(missing_ok=True)
+        return received
+
+    def _read(self, path: Path) -> Received:
+        name = path.stem
+        try:
+            message = json.loads(path.read_text())
+            body, mac = message["command"], message["mac"]
+            command_id = str(body["id"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return Received(name, None, 0, f"unreadable command: {exc}")
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(self.key, body)):
+            return Received(command_id, None, 0, "authentication failed (wrong or no secret)")
+        try:
+            fault = validate_fault(body["fault"], f"command {command_id}")
+            in_steps = int(body["in_steps"])
+        except (FaultSpecError, KeyError, TypeError, ValueError) as exc:
+            return Received(command_id, None, 0, str(exc))
+        return Received(command_id, fault, max(in_steps, 0))
+
+    def answer(self, command_id: str, **fields: Any) -> None:
+        """Write the job's answer where ``tightrope inject`` waits for it."""
+        safe = "".join(c for c in command_id if c.isalnum() or c in "-_") or "invalid"
+        _write_atomic(
+            self.folder / "acks" / f"{safe}.json", json.dumps({"id": command_id, **fields})
+        )
+
+
+def register_pid(run_dir: str | os.PathLike[str], rank: int, pid: int) -> None:
+    """Record the process id of one rank (process faults act on it)."""
+    folder = control_dir(run_dir) / "pids"
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_atomic(folder / f"rank-{rank}", str(pid))
+
+
+def registered_pids(run_dir: str | os.PathLike[str]) -> dict[int, int]:
+    """Process ids by rank, as the job registered them."""
+    folder = control_dir(run_dir) / "pids"
+    pids = {}
+    for path in folder.glob("rank-*") if folder.is_dir() else []:
+        try:
+            pids[int(path.name.removeprefix("rank-"))] = int(path.read_text())
+        except ValueError:
+            continue
+    return pids

@@ -1,0 +1,149 @@
+"""Live control: authenticated, validated commands armed on every rank for the same step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from faults import FaultSpecError
+from harness.agent import Agent
+from harness.control import (
+    ControlChannel,
+    ControlError,
+    control_dir,
+    ensure_secret,
+    read_secret,
+    registered_pids,
+    send,
+    wait_for_answer,
+)
+from harness.journal import read_journal
+
+from .conftest import ROOT
+
+
+def test_the_secret_is_private_and_reused(tmp_path: Path) -> None:
+    key = ensure_secret(tmp_path)
+    path = control_dir(tmp_path) / "secret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(key) == 64
+    assert ensure_secret(tmp_path) == key
+    os.chmod(path, 0o644)
+    with pytest.raises(ControlError, match="readable by others"):
+        read_secret(tmp_path)
+
+
+def test_a_run_without_channel_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ControlError, match="has no control channel"):
+        send(tmp_path, {"kind": "nan_grad"})
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ({"kind": "nan_gradd"}, "unknown fault kind 'nan_gradd'"),
+        ({"kind": "nan_grad", "fraction": 7}, "command.fraction"),
+        ({"kind": "nan_grad", "at_step": 3}, "drop at_step"),
+    ],
+)
+def test_bad_commands_are_refused_before_sending(
+    tmp_path: Path, fault: dict[str, object], message: str
+) -> None:
+    ensure_secret(tmp_path)
+    with pytest.raises(FaultSpecError, match=message):
+        send(tmp_path, fault)
+    assert not list((control_dir(tmp_path) / "inbox").iterdir())
+
+
+def test_forged_and_tampered_commands_are_rejected(tmp_path: Path) -> None:
+    channel = ControlChannel(tmp_path)
+    good = send(tmp_path, {"kind": "nan_grad"})
+    inbox = control_dir(tmp_path) / "inbox"
+    message = json.loads((inbox / f"{good.id}.json").read_text())
+    message["command"]["fault"]["fraction"] = 0.5  # changed after signing
+    (inbox / f"{good.id}.json").write_text(json.dumps(message))
+    (inbox / "forged.json").write_text(json.dumps({"command": {"id": "x"}, "mac": "00"}))
+    received = {r.id: r for r in channel.poll()}
+    assert received[good.id].fault is None
+    assert "authentication failed" in received[good.id].reason
+    assert "authentication failed" in received["x"].reason
+    assert not list(inbox.iterdir())  # read once, never again
+
+
+def test_an_unanswered_command_is_withdrawn(tmp_path: Path) -> None:
+    ensure_secret(tmp_path)
+    command = send(tmp_path, {"kind": "nan_grad"})
+    assert wait_for_answer(tmp_path, command.id, timeout=0.2) is None
+    assert not (control_dir(tmp_path) / "inbox" / f"{command.id}.json").exists()
+
+
+def test_the_agent_arms_a_command_for_the_asked_step(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 2)
+    agent = Agent(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), 0.1))
+    agent.start(0)
+    assert registered_pids(tmp_path) == {0: os.getpid()}
+    command = send(tmp_path, {"kind": "nan_grad", "target": "weight"}, in_steps=2)
+    nan_steps = []
+    for step in range(1, 7):
+        agent.begin_step(step)
+        model(torch.ones(1, 4)).sum().backward()
+        agent.after_backward()
+        if model.weight.grad is not None and model.weight.grad.isnan().any():
+            nan_steps.append(step)
+        model.zero_grad()
+        agent.end_step()
+    agent.close("completed")
+    answer = wait_for_answer(tmp_path, command.id, timeout=1)
+    assert answer == {"id": command.id, "step": 1, "accepted": True, "effective_step": 3}
+    assert nan_steps == [3]
+    (event,) = read_journal(tmp_path).of_kind("command")
+    assert event["effective_step"] == 3 and event.step == 1
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_live_injection_into_a_running_two_rank_job(tmp_path: Path) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "reference_trainer", "--preset", "tiny", "--steps", "300", "--log-every", "1000",
+         "--run-dir", str(tmp_path)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        journal = tmp_path / "journal" / "rank-1.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if journal.exists() and journal.read_text().count('"kind":"step"') >= 5:
+                break
+            time.sleep(0.2)
+        inject = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "inject", str(tmp_path), "nan_grad",
+             "--rank", "1", "--in-steps", "3", "target=blocks.0.*"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert inject.returncode == 0, inject.stderr
+        effective = int(inject.stdout.split("armed for step ")[1].split()[0])
+        at = int(inject.stdout.split("the job was at step ")[1].rstrip(")\n"))
+        assert effective == at + 3
+        job.wait(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, job.stderr.read() if job.stderr else ""
+    events = read_journal(tmp_path)
+    (fired,) = events.of_kind("fault_injected")
+    assert (fired.rank, fired.step) == (1, effective)
+    assert {e.rank for e in events.of_kind("command")} == {0, 1}
+    for rank in (0, 1):  # took effect on both ranks at that step: both skipped it
+        assert events.steps(rank)[effective]["skipped"] is True
+        assert events.steps(rank)[effective - 1]["skipped"] is False
