@@ -32,9 +32,10 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
-## bench: trainer throughput table (benchmarks/results/*.json)
+## bench: trainer throughput and checkpoint cost (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
+	$(BIN)/python benchmarks/checkpoint.py
 
 clean:
 	rm -rf runs .mypy_cache .ruff_cache .pytest_cache
