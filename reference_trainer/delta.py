@@ -4,8 +4,10 @@ A training state is split into its tensors (keyed by dotted path) and a skeleton
 nested dicts/lists/tuples with each tensor replaced by a `TensorRef`. Tensors viewing the same
 memory the same way (tied weights) are stored once and share one ref, as torch.save does.
 Each tensor's raw bytes are XORed with those of the same-path base tensor (the last full
-checkpoint) when dtype and shape match (kind ``"xor"``), else kept whole (kind ``"raw"``);
-the result is byte-plane shuffled and compressed with zstandard.
+checkpoint) when dtype and shape match (kind ``"xor"``), or its elements' bit patterns are
+subtracted as unsigned integers, wrapping (kind ``"sub"``), or it is kept whole (kind
+``"raw"``), whichever compresses smallest; the result is byte-plane shuffled and compressed
+with zstandard.
 
 Why XOR + shuffle: between nearby steps most floats keep their sign and exponent, so the XOR
 of the two bit patterns is zero in the high byte and often in the next. Shuffling puts byte k
@@ -46,7 +48,8 @@ import zstandard
 
 MAGIC = b"TRDELTA1"
 FORMAT_VERSION = 1
-KINDS = ("xor", "raw")
+KINDS = ("xor", "sub", "raw")
+_UINTS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _PREAMBLE = struct.Struct("<8sQ32s")  # magic, header length, header sha256
 _ENTRY_KEYS = {"path", "dtype", "shape", "kind", "offset", "length", "sha256"}
 _NONFINITE = ("nan", "inf", "-inf")
@@ -168,22 +171,45 @@ def _fits(ref: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, ...]) 
     return ref is not None and ref.dtype == dtype and tuple(ref.shape) == shape
 
 
+def _against(kind: str, raw: Bytes, ref: Bytes, itemsize: int) -> Bytes:
+    """The bytes stored for ``raw`` against ``ref``: XOR, or wrapping integer subtraction of
+    the elements' bit patterns (smaller for values that drift steadily, like Adam's second
+    moment)."""
+    if kind == "xor" or raw.size == 0:
+        return np.bitwise_xor(raw, ref)
+    uint = _UINTS[itemsize]
+    return np.ascontiguousarray(np.subtract(raw.view(uint), ref.view(uint)).view(np.uint8))
+
+
+def _restore(kind: str, data: Bytes, ref: Bytes, itemsize: int) -> Bytes:
+    """Invert `_against`."""
+    if kind == "xor" or data.size == 0:
+        return np.bitwise_xor(data, ref)
+    uint = _UINTS[itemsize]
+    return np.ascontiguousarray(np.add(data.view(uint), ref.view(uint)).view(np.uint8))
+
+
 def encode_delta(state: Any, base: Any, *, level: int = 3, threads: int = 0) -> DeltaBlob:
-    """Encode ``state`` as XOR deltas against ``base`` (None: every tensor raw)."""
+    """Encode ``state`` against ``base`` (None: every tensor raw). Each tensor with a base
+    twin is stored as whichever of XOR, subtraction or itself compresses smallest."""
     tensors, skeleton = flatten_tensors(state)
     base_tensors = flatten_tensors(base)[0]
     cctx = zstandard.ZstdCompressor(level=level, threads=threads)
     encoded = []
     for path, tensor in tensors.items():
         raw = _raw_bytes(tensor)
-        shape = tuple(tensor.shape)
+        shape, size = tuple(tensor.shape), tensor.element_size()
         ref = base_tensors.get(path)
-        kind = "xor" if _fits(ref, tensor.dtype, shape) else "raw"
-        data = np.bitwise_xor(raw, _raw_bytes(ref)) if ref is not None and kind == "xor" else raw
-        payload = cctx.compress(shuffle_bytes(data, tensor.element_size()).data)
+        options = {"raw": cctx.compress(shuffle_bytes(raw, size).data)}
+        if ref is not None and _fits(ref, tensor.dtype, shape):
+            ref_raw = _raw_bytes(ref)
+            for kind in ("xor", "sub"):
+                data = _against(kind, raw, ref_raw, size)
+                options[kind] = cctx.compress(shuffle_bytes(data, size).data)
+        kind = min(options, key=lambda k: (len(options[k]), k != "xor"))
         name = str(tensor.dtype).removeprefix("torch.")
         digest = hashlib.sha256(raw.data).hexdigest()
-        encoded.append(EncodedTensor(path, name, shape, kind, payload, digest))
+        encoded.append(EncodedTensor(path, name, shape, kind, options[kind], digest))
     return DeltaBlob(tuple(encoded), skeleton)
 
 
@@ -205,7 +231,7 @@ def decode_delta(blob: DeltaBlob, base: Any) -> Any:
         if len(data) != size:  # a frame that lies about its content size
             raise DeltaError(f"tensor {enc.path!r}: payload has {len(data)} bytes, not {size}")
         raw = unshuffle_bytes(np.frombuffer(data, dtype=np.uint8), dtype.itemsize)
-        if enc.kind == "xor":
+        if enc.kind != "raw":
             ref = base_tensors.get(enc.path)
             if ref is None or not _fits(ref, dtype, enc.shape):
                 have = "nothing" if ref is None else f"{ref.dtype} {list(ref.shape)}"
@@ -213,13 +239,16 @@ def decode_delta(blob: DeltaBlob, base: Any) -> Any:
                     f"tensor {enc.path!r} is a delta against a {enc.dtype} {list(enc.shape)} "
                     f"base tensor, but the base has {have} there"
                 )
-            np.bitwise_xor(raw, _raw_bytes(ref), out=raw)
+            raw = _restore(enc.kind, raw, _raw_bytes(ref), dtype.itemsize)
         digest = hashlib.sha256(raw.data).hexdigest()
         if digest != enc.sha256:
             raise DeltaError(
                 f"tensor {enc.path!r} decodes to sha256 {digest[:16]}… but the delta records "
                 f"{enc.sha256[:16]}…: the delta is corrupt or this is not its base"
             )
+        if raw.size == 0:  # numpy gives empty arrays stride 0, which torch cannot view
+            tensors[enc.path] = torch.empty(enc.shape, dtype=dtype)
+            continue
         tensors[enc.path] = torch.from_numpy(raw).view(dtype).reshape(enc.shape)
     return unflatten_tensors(tensors, blob.skeleton)
 
