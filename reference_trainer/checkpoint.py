@@ -1,10 +1,12 @@
-"""Full checkpoints written atomically and read with ``weights_only=True``.
+"""Checkpoint files: written atomically, read with ``weights_only=True``.
 
 On disk::
 
     RUN_DIR/checkpoints/step-00000040/state.pt       model, optimizer, scaler, step, data
+                                     /delta.bin      (instead, in a delta checkpoint)
     RUN_DIR/checkpoints/step-00000040/rng-rank-0.pt  every RNG state of rank 0 (one per rank)
-    RUN_DIR/checkpoints/latest                       "step-00000040", written last
+    RUN_DIR/checkpoints/step-00000040/manifest.json  hashes of all the above, written last
+    RUN_DIR/checkpoints/latest                       "step-00000040", written after that
 
 A save fills a hidden ``.step-N.tmp`` directory, fsyncs every file, renames it into
 place, fsyncs the folder and only then replaces ``latest``, so a crash at any moment
