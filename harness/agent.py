@@ -141,8 +141,10 @@ class Agent:
     def batch(self, batch: torch.Tensor) -> torch.Tensor:
         """The batch to train on (a bad-data fault may replace it)."""
         for injector in self._active:
+            self._current = self._index[id(injector)]
             batch, records = injector.on_batch(self.context(), batch)
             self._record(records)
+        self._current = None
         return batch
 
     def after_backward(self) -> None:
@@ -302,7 +304,8 @@ def broadcast_text(text: str, rank: int, world_size: int) -> str:
 def params_finite(model: nn.Module) -> bool:
     """True when every parameter of ``model`` is finite."""
     with torch.no_grad():
-        return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+        flags = [torch.isfinite(p).all() for p in model.parameters()]
+        return bool(torch.stack(flags).all()) if flags else True  # one sync, not one each
 
 
 def _quietly_read(path: Path) -> list[Event]:

@@ -63,7 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="step, loss, armed and fired faults of a job")
     status.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     status.set_defaults(handler=_status)
+    execute = commands.add_parser(
+        "exec", help="run a training command with the agent attached (no code change)"
+    )
+    execute.add_argument("--run-dir", type=Path, required=True, metavar="RUN_DIR")
+    execute.add_argument("--plan", type=Path, metavar="PLAN", help="fault plan (YAML)")
+    execute.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    execute.set_defaults(handler=_exec)
     return parser
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from harness.exec import run_command
+
+    run_command(args.command, run_dir=args.run_dir, plan=args.plan)
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
