@@ -82,6 +82,9 @@ class Agent:
             (spec, build_injector(spec)) for spec in self.plan
         ]
         self._index = {id(inj): i for i, (_, inj) in enumerate(self._injectors)}
+        self._timed = [
+            i for i, (spec, _) in enumerate(self._injectors) if spec.after_seconds is not None
+        ]
         self._active: list[Injector[Any]] = []
         self._injected_this_step = False
         self._timed_start: dict[int, int] = {}  # plan index -> step an after_seconds fault fired
@@ -115,20 +118,16 @@ class Agent:
             return False
         if spec.after_seconds is None:
             return spec.active_at(step)
-        # Time-triggered faults fire at the first step begun after the deadline.
-        if index not in self._timed_start:
-            if time.monotonic() - self._started < spec.after_seconds:
-                return False
-            self._timed_start[index] = step
-        return step < self._timed_start[index] + spec.duration
+        start = self._timed_start.get(index)  # decided by rank 0 in `_agree`
+        return start is not None and start <= step < start + spec.duration
 
     def begin_step(self, step: int) -> None:
         """Start step ``step`` (1-based): take live commands, arm the faults active now, call
         their forward hooks."""
         self.step = step
         self._injected_this_step = False
-        if self._control:
-            self._take_commands(step)
+        if self._control or self._timed:
+            self._agree(step)
         # A step replayed after a rollback or restart does not meet its fault again: a
         # fault happens at a step once (persistent faults span steps with `duration`).
         self._active = [
@@ -239,10 +238,17 @@ class Agent:
                 details=details,
             )
 
-    def _take_commands(self, step: int) -> None:
-        """Rank 0 reads the inbox and decides; every rank arms the same faults for the same
-        step (one small broadcast per step when several ranks train together)."""
-        decided = []
+    def _agree(self, step: int) -> None:
+        """Rank 0 decides what depends on its clock or its inbox: time-triggered faults that
+        fire now, and live commands; every rank then arms the same faults for the same step
+        (one small broadcast per step when several ranks train together)."""
+        elapsed = time.monotonic() - self._started
+        timers = [
+            i
+            for i in self._timed
+            if i not in self._timed_start and elapsed >= self._injectors[i][0].after_seconds  # type: ignore[operator]
+        ]
+        decided: list[dict[str, Any]] = []
         if self.channel is not None:
             for received in self.channel.poll():
                 if received.fault is None:
@@ -255,8 +261,13 @@ class Agent:
                     {"id": received.id, "accepted": True, "fault": received.fault,
                      "effective_step": effective}
                 )  # fmt: skip
-        decided = json.loads(broadcast_text(json.dumps(decided), self.rank, self.world_size))
-        for entry in decided:
+        shared = json.loads(
+            broadcast_text(json.dumps({"timers": timers, "commands": decided}), self.rank,
+                           self.world_size)
+        )  # fmt: skip
+        for index in shared["timers"]:
+            self._timed_start[int(index)] = step
+        for entry in shared["commands"]:
             if entry["accepted"]:
                 spec = parse_fault({**entry["fault"], "at_step": entry["effective_step"]})
                 self._injectors.append((spec, build_injector(spec)))

@@ -1,0 +1,76 @@
+"""The agent's bookkeeping: when faults fire, and that a fault happens at a step once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from faults import FaultPlan
+from harness.agent import Agent
+from harness.journal import read_journal
+
+
+def _agent(run_dir: Path, faults: list[dict[str, object]]) -> tuple[Agent, torch.nn.Linear]:
+    model = torch.nn.Linear(4, 2)
+    plan = FaultPlan.from_dict({"faults": faults})
+    agent = Agent(run_dir, plan=plan, model=model, control=False)
+    agent.start(0)
+    return agent, model
+
+
+def _train(agent: Agent, model: torch.nn.Linear, steps: range) -> list[int]:
+    """Steps whose gradients came out NaN."""
+    hit = []
+    for step in steps:
+        agent.begin_step(step)
+        model(torch.ones(1, 4)).sum().backward()
+        agent.after_backward()
+        if model.weight.grad is not None and model.weight.grad.isnan().any():
+            hit.append(step)
+        model.zero_grad()
+        agent.end_step()
+    return hit
+
+
+def test_a_replayed_step_does_not_meet_its_fault_again(tmp_path: Path) -> None:
+    agent, model = _agent(tmp_path, [{"kind": "nan_grad", "at_step": 3, "duration": 2}])
+    assert _train(agent, model, range(1, 6)) == [3, 4]
+    assert _train(agent, model, range(2, 6)) == []  # rolled back to 1 and replayed
+    agent.close("completed")
+
+
+def test_a_restarted_job_remembers_what_fired_from_its_journal(tmp_path: Path) -> None:
+    faults = [{"kind": "nan_grad", "at_step": 3}, {"kind": "nan_grad", "at_step": 5}]
+    agent, model = _agent(tmp_path, faults)
+    assert _train(agent, model, range(1, 4)) == [3]
+    agent.close("failed", "killed")  # the job dies after step 3 ...
+    again, model = _agent(tmp_path, faults)  # ... and restarts from a checkpoint at 1
+    assert _train(again, model, range(2, 7)) == [5]
+    again.close("completed")
+    fired = [
+        (e.step, e["details"]["plan_index"])
+        for e in read_journal(tmp_path).of_kind("fault_injected")
+    ]
+    assert fired == [(3, 0), (5, 1)]
+
+
+def test_a_time_triggered_fault_fires_at_the_first_step_after_its_deadline(tmp_path: Path) -> None:
+    agent, model = _agent(
+        tmp_path,
+        [{"kind": "nan_grad", "after_seconds": 0.0, "duration": 2},
+         {"kind": "nan_grad", "after_seconds": 3600.0}],
+    )  # fmt: skip
+    assert _train(agent, model, range(1, 6)) == [1, 2]
+    agent.close("completed")
+
+
+def test_bad_batch_injections_carry_their_plan_index(tmp_path: Path) -> None:
+    agent, _ = _agent(tmp_path, [{"kind": "bad_batch", "at_step": 2, "vocab_size": 10}])
+    for step in (1, 2, 3):
+        agent.begin_step(step)
+        agent.batch(torch.zeros(4, 8, dtype=torch.int64))
+        agent.end_step()
+    agent.close("completed")
+    (event,) = read_journal(tmp_path).of_kind("fault_injected")
+    assert event.step == 2 and event["details"]["plan_index"] == 0
