@@ -1,4 +1,5 @@
-"""tightrope's harness: run, judge and report. Today: the journal every part shares."""
+"""tightrope's harness: the journal, the agent (attach, exec, live control) and, to come, scenarios,
+oracles and scorecards."""
 
 from __future__ import annotations
 
