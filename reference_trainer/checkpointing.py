@@ -30,6 +30,7 @@ from reference_trainer.manifest import (
     verify_tensors,
     write_manifest,
 )
+from reference_trainer.nested import map_leaves
 
 DELTA_FILE = "delta.bin"
 Claim = Callable[..., None]
@@ -62,13 +63,7 @@ class CheckpointConfig:
 
 def snapshot(state: Any) -> Any:
     """A deep copy with every tensor cloned to CPU memory (the loop may go on at once)."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: snapshot(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(snapshot(v) for v in state)
-    return state
+    return map_leaves(state, torch.Tensor, lambda t: t.detach().to("cpu", copy=True))
 
 
 class CheckpointManager:

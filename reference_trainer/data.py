@@ -14,6 +14,7 @@ import torch
 from reference_trainer.config import DataConfig
 from reference_trainer.corpus import Corpus
 from reference_trainer.dedup import DuplicateFilter
+from reference_trainer.nested import map_leaves
 
 #: Documents tokenized together; larger batches tokenize faster, the buffer grows with it.
 _ENCODE_BATCH = 16
@@ -145,24 +146,12 @@ class DocumentPipeline:
 
 def to_tensors(obj: Any) -> Any:
     """numpy arrays -> tensors, recursively (checkpoints load with weights_only)."""
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(obj))
-    if isinstance(obj, dict):
-        return {k: to_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_tensors(v) for v in obj)
-    return obj
+    return map_leaves(obj, np.ndarray, lambda a: torch.from_numpy(np.ascontiguousarray(a)))
 
 
 def to_numpy(obj: Any) -> Any:
     """The inverse of `to_tensors`."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numpy()
-    if isinstance(obj, dict):
-        return {k: to_numpy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_numpy(v) for v in obj)
-    return obj
+    return map_leaves(obj, torch.Tensor, lambda t: t.numpy())
 
 
 class TokenStream:
