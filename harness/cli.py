@@ -15,6 +15,7 @@ from pydantic_core import PydanticUndefined
 from faults import FaultSpec, kinds
 from faults.registry import FaultKind
 from harness import __version__
+from harness.cli_suite import add_commands as add_suite_commands
 from harness.control import ControlError, send, wait_for_answer
 from harness.errors import TightropeError
 from harness.journal import read_journal
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     execute.add_argument("--plan", type=Path, metavar="PLAN", help="fault plan (YAML)")
     execute.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     execute.set_defaults(handler=_exec)
+    add_suite_commands(commands)
     return parser
 
 

@@ -1,0 +1,190 @@
+"""Launch a trainer as processes, by command line, under a deadline.
+
+The harness never imports the trainer it tests: the reference trainer is run as
+``python -m reference_trainer`` (under torchrun when several ranks are asked for), any
+other trainer through the zero-code attach, ``tightrope exec -- COMMAND``. Each launch
+is its own process group, so the watchdog can kill every rank of a hung or runaway run
+at its deadline; the launch then counts as timed out, never as a hung suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import TightropeError
+from harness.scenario import TrainerSpec
+
+LOG_FILE = "trainer.log"
+PLAN_FILE = "plan.yaml"
+_TAIL_LINES = 40
+
+
+class LaunchError(TightropeError):
+    """A trainer command cannot be built or started (missing program, bad placeholder)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How one process (group) ended."""
+
+    exit_code: int | None
+    timed_out: bool
+    seconds: float
+
+
+def _torchrun(world_size: int) -> list[str]:
+    # --standalone: a private rendezvous on a free local port, so runs can go in parallel.
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(world_size),
+    ]
+
+
+def reference_command(
+    spec: TrainerSpec,
+    run_dir: Path,
+    plan: Path | None,
+    *,
+    stop_after: int | None = None,
+    resume: bool = False,
+) -> list[str]:
+    """The reference trainer's command line for ``spec``."""
+    head = [sys.executable] if spec.world_size == 1 else _torchrun(spec.world_size)
+    argv = [*head, "-m", "reference_trainer", "--run-dir", str(run_dir)]
+    argv += ["--steps", str(spec.steps), "--checkpoint-every", str(spec.checkpoint_every)]
+    if resume:
+        return [*argv, "--resume", *(["--fault-plan", str(plan)] if plan else [])]
+    argv += ["--preset", spec.model, "--seed", str(spec.seed), "--precision", spec.precision]
+    if spec.batch_size is not None:
+        argv += ["--batch-size", str(spec.batch_size)]
+    if spec.preset == "fragile":
+        argv.append("--fragile")
+    for name in spec.disable:
+        argv += ["--disable", name]
+    if stop_after is not None:
+        argv += ["--stop-after", str(stop_after)]
+    if plan is not None:
+        argv += ["--fault-plan", str(plan)]
+    return argv
+
+
+def custom_command(spec: TrainerSpec, run_dir: Path, plan: Path | None) -> list[str]:
+    """A user's trainer command, placeholders filled, run through ``tightrope exec``."""
+    assert spec.command is not None
+    user = split_command(
+        spec.command, run_dir=run_dir, steps=spec.steps, seed=spec.seed, world_size=spec.world_size
+    )
+    head = [sys.executable, "-m", "harness.cli", "exec", "--run-dir", str(run_dir)]
+    if plan is not None:
+        head += ["--plan", str(plan)]
+    return [*head, "--", *user]
+
+
+def split_command(command: str, **values: object) -> list[str]:
+    """Split a command line and fill its placeholders; errors name what is wrong."""
+    try:
+        filled = command.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise LaunchError(
+            f"trainer command {command!r}: bad placeholder {exc}; the known ones are "
+            f"{', '.join('{' + k + '}' for k in values)}"
+        ) from None
+    try:
+        argv = shlex.split(filled)
+    except ValueError as exc:
+        raise LaunchError(f"trainer command {command!r} cannot be split: {exc}") from None
+    if not argv:
+        raise LaunchError("trainer command is empty")
+    return argv
+
+
+def check_command(spec: TrainerSpec) -> None:
+    """Refuse, before anything runs, a command whose program does not exist."""
+    if spec.command is None:
+        return
+    program = split_command(spec.command, run_dir="RUN", steps=1, seed=0, world_size=1)[0]
+    if shutil.which(program) is None and not Path(program).is_file():
+        raise LaunchError(f"trainer command {spec.command!r}: program {program!r} not found")
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    log: Path,
+    deadline: float,
+    env: dict[str, str],
+    on_poll: Callable[[], None] | None = None,
+) -> Launch:
+    """Run ``argv`` with output appended to ``log``; kill its whole group at ``deadline``.
+
+    ``deadline`` is a ``time.monotonic()`` instant; ``on_poll`` runs every ~0.2 s while
+    the process lives (progress display).
+    """
+    started = time.monotonic()
+    with open(log, "ab") as out:
+        out.write(f"$ {shlex.join(argv)}\n".encode())
+        out.flush()
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror}") from exc
+        timed_out = False
+        while True:
+            try:
+                code: int | None = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if on_poll is not None:
+                    on_poll()
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    _kill_group(proc)
+                    code = None
+                    break
+    return Launch(code, timed_out, time.monotonic() - started)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    # SIGKILL, not SIGTERM: a hung rank may be stopped (SIGSTOP) and ignore anything else.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def log_tail(log: Path, lines: int = _TAIL_LINES) -> str:
+    """The last lines of a launch log (empty when there is none)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def trainer_env(spec: TrainerSpec) -> dict[str, str]:
+    """The environment a trainer runs with: ours, one thread per rank, the spec's own."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(spec.env)
+    return env

@@ -1,0 +1,278 @@
+"""Run scenarios: baseline (cached), faulted run under a watchdog, oracles -> results.
+
+Every scenario gets its own run dir, ``OUT/runs/<name>``, holding its fault plan, the
+trainer's log and journal and its checkpoints; the baseline it was compared with is
+copied to ``OUT/baselines/<key>`` (journal and log). Nothing the trainer does can crash
+the harness: a timeout, a crash or a trainer that never started is an errored scenario
+with the log's tail, scored 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from harness import __version__
+from harness.baseline import BaselineError, baseline_key, baseline_run, default_cache_dir
+from harness.errors import JournalError, TightropeError
+from harness.journal import Journal, read_journal
+from harness.launch import (
+    LOG_FILE,
+    PLAN_FILE,
+    Launch,
+    check_command,
+    custom_command,
+    log_tail,
+    reference_command,
+    run_process,
+    trainer_env,
+)
+from harness.oracles import judge
+from harness.progress import SuiteProgress
+from harness.results import ScenarioResult, SuiteResult
+from harness.scenario import Scenario, Suite, TrainerSpec
+from harness.verdict import Evidence
+
+
+@dataclass(slots=True)
+class RunOptions:
+    """How to run a suite: where results go and what to override."""
+
+    out_dir: Path
+    #: Run every scenario with this trainer preset (reference or fragile).
+    preset: str | None = None
+    #: Run every scenario with this trainer command instead of the reference trainer.
+    trainer_command: str | None = None
+    #: Cores to fill: a scenario of W ranks takes W of them while it runs.
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    use_cache: bool = True
+    min_score: float | None = None
+
+
+def with_overrides(scenario: Scenario, options: RunOptions) -> Scenario:
+    """The scenario with the run's trainer overrides applied (validated again)."""
+    update: dict[str, object] = {}
+    if options.preset is not None:
+        update["preset"] = options.preset
+    if options.trainer_command is not None:
+        update["command"] = options.trainer_command
+    if not update:
+        return scenario
+    trainer = TrainerSpec.model_validate(scenario.trainer.model_dump() | update)
+    return scenario.model_copy(update={"trainer": trainer})
+
+
+class _Cores:
+    """Counts free cores so parallel scenarios never ask for more ranks than exist."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.free = max(1, total), max(1, total)
+        self._cond = threading.Condition()
+
+    def take(self, n: int) -> int:
+        n = min(n, self.total)
+        with self._cond:
+            self._cond.wait_for(lambda: self.free >= n)
+            self.free -= n
+        return n
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.free += n
+            self._cond.notify_all()
+
+
+def _launch_faulted(
+    spec: TrainerSpec, run_dir: Path, plan: Path, poll: Callable[[], None]
+) -> Launch:
+    """The faulted run: one launch, or a stop and a resume when the scenario asks."""
+    deadline = time.monotonic() + spec.timeout
+    log, env = run_dir / LOG_FILE, trainer_env(spec)
+    if spec.command is not None:
+        argv = custom_command(spec, run_dir, plan)
+        return run_process(argv, log=log, deadline=deadline, env=env, on_poll=poll)
+    first = reference_command(spec, run_dir, plan, stop_after=spec.resume_after)
+    launch = run_process(first, log=log, deadline=deadline, env=env, on_poll=poll)
+    if spec.resume_after is None or launch.exit_code != 0:
+        return launch
+    second = reference_command(spec, run_dir, plan, resume=True)
+    again = run_process(second, log=log, deadline=deadline, env=env, on_poll=poll)
+    return Launch(again.exit_code, again.timed_out, launch.seconds + again.seconds)
+
+
+def _read(run_dir: Path) -> Journal:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a torn last line of a killed rank is expected
+        return read_journal(run_dir)
+
+
+def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:
+    """Why the run counts as errored, or None when its outcome can be judged."""
+    if launch.timed_out:
+        return f"timed out: killed by the watchdog after {timeout:g} s"
+    if launch.exit_code == 0:
+        return None
+    ends = journal.of_kind("run_end")
+    handled = (
+        ends
+        and ends[-1].get("status") == "failed"
+        and str(ends[-1].get("reason", "")).startswith("recovery exhausted")
+    )
+    if handled:  # the trainer gave up on purpose: a judged failure, not a crash
+        return None
+    last = f": {ends[-1].get('reason')}" if ends and ends[-1].get("reason") else ""
+    return f"the trainer crashed (exit code {launch.exit_code}){last}"
+
+
+class Runner:
+    """Runs the scenarios of a suite with a shared progress display and core budget."""
+
+    def __init__(self, options: RunOptions, progress: SuiteProgress | None = None) -> None:
+        self.options = options
+        self.progress = progress
+        self._cores = _Cores(options.cores)
+
+    def _bar(self, label: str, steps: int) -> tuple[Callable[[Path], None], Callable[[str], None]]:
+        if self.progress is None:
+            return (lambda _d: None), (lambda _l: None)
+        progress, task = self.progress, self.progress.start(label, steps)
+        return (lambda d: progress.poll(task, d)), (lambda line: progress.finish(task, line))
+
+    def scenario(self, scenario: Scenario) -> ScenarioResult:
+        """Run one scenario (its baseline first when a check needs one) and judge it."""
+        spec, out = scenario.trainer, self.options.out_dir
+        cores = self._cores.take(spec.world_size)
+        started = time.monotonic()
+        result = ScenarioResult(
+            name=scenario.name,
+            fault_class=scenario.scored_class,
+            weight=scenario.weight,
+            checks=[],
+            seed=spec.seed,
+            run_dir=f"runs/{scenario.name}",
+            description=scenario.description,
+            spec=scenario.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+        )
+        poll, finish = self._bar(scenario.name, spec.steps)
+        try:
+            baseline = self._baseline(scenario, result)
+            run_dir = out / result.run_dir
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir(parents=True)
+            plan = run_dir / PLAN_FILE
+            plan.write_text(yaml.safe_dump(scenario.plan(), sort_keys=False))
+            launch = _launch_faulted(spec, run_dir, plan, lambda: poll(run_dir))
+            result.log_tail = log_tail(run_dir / LOG_FILE)
+            result.exit_code = launch.exit_code
+            try:
+                journal = _read(run_dir)
+            except JournalError as exc:
+                result.error = f"no journal: the trainer never started ({exc})"
+                return result
+            result.error = _crash(launch, journal, spec.timeout)
+            evidence = Evidence(
+                journal=journal,
+                run_dir=run_dir,
+                target_steps=spec.steps,
+                exit_code=launch.exit_code,
+                baseline=baseline,
+            )
+            result.checks = judge(scenario.expect, evidence)
+            if result.status == "passed":
+                result.log_tail = ""
+        except TightropeError as exc:
+            result.error = str(exc)
+        finally:
+            self._cores.give(cores)
+            result.seconds = time.monotonic() - started
+            finish(_line(result))
+        return result
+
+    def _baseline(self, scenario: Scenario, result: ScenarioResult) -> Journal | None:
+        if not scenario.expect.needs_baseline():
+            return None
+        spec = scenario.trainer
+        poll, finish = self._bar(f"{scenario.name} (baseline)", spec.steps)
+        try:
+            cached = baseline_run(
+                spec, self.options.cache_dir, use_cache=self.options.use_cache, on_poll=poll
+            )
+        except BaselineError as exc:
+            finish(f"  baseline of {scenario.name} failed")
+            raise BaselineError(f"{exc}\n{log_tail(self._log_of(spec))}") from None
+        finish(f"  baseline of {scenario.name}: ready")
+        kept = self.options.out_dir / "baselines" / cached.name
+        if not kept.exists():
+            kept.mkdir(parents=True)
+            shutil.copytree(cached / "journal", kept / "journal")
+            shutil.copy2(cached / LOG_FILE, kept / LOG_FILE)
+        result.baseline_dir = f"baselines/{cached.name}"
+        return _read(kept)
+
+    def _log_of(self, spec: TrainerSpec) -> Path:
+        return self.options.cache_dir / "baselines" / baseline_key(spec) / LOG_FILE
+
+
+def _line(result: ScenarioResult) -> str:
+    mark = {"passed": "[green]PASS", "failed": "[red]FAIL", "error": "[magenta]ERROR"}
+    failed = ", ".join(c.name for c in result.failed_checks)
+    why = result.error.splitlines()[0] if result.error else failed
+    return (
+        f"{mark[result.status]}[/] {result.name}  score {result.score * 100:.0f}  "
+        f"{result.seconds:.1f}s" + (f"  ({why})" if why else "")
+    )
+
+
+def run_suite(
+    suite: Suite,
+    options: RunOptions,
+    *,
+    select: Sequence[str] | None = None,
+    progress: bool = True,
+) -> SuiteResult:
+    """Run the suite's scenarios (all, or those named in ``select``) and gather results."""
+    scenarios = [with_overrides(s, options) for s in suite.scenarios]
+    if select is not None:
+        scenarios = [s for s in scenarios if s.name in set(select)]
+    for s in scenarios:
+        check_command(s.trainer)
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    started, clock = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.monotonic()
+    title = f"{suite.name} ({options.preset or 'as written'})"
+    display = SuiteProgress(len(scenarios), title) if progress else None
+    runner = Runner(options, display)
+    workers = max(1, min(len(scenarios), options.cores))
+    if display is not None:
+        display.__enter__()
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(runner.scenario, scenarios))
+    finally:
+        if display is not None:
+            display.__exit__(None, None, None)
+    return SuiteResult(
+        suite=suite.name,
+        preset=options.preset or _presets(scenarios),
+        scenarios=results,
+        started=started,
+        seconds=time.monotonic() - clock,
+        min_score=options.min_score,
+        source=suite.source,
+        version=__version__,
+    )
+
+
+def _presets(scenarios: Sequence[Scenario]) -> str:
+    names = {(s.trainer.command and "command") or s.trainer.preset for s in scenarios}
+    return names.pop() if len(names) == 1 else "mixed"
