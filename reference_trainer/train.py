@@ -265,6 +265,10 @@ class Run:
                 self.policy.good_step()
             if step % cfg.checkpoint_every == 0 or step == last:
                 self.checkpoints.save(step, self.state_dict(step) if self.topo.is_main else None)
+                if step == last:
+                    # The last checkpoint is durable before the step's end, so whatever acts
+                    # at end_step (a checkpoint fault, a stop) sees it as `latest`.
+                    self.checkpoints.wait()
             agent.end_step()
             if step % cfg.log_every == 0 or step == last:
                 obs = result.observations
