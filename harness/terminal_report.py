@@ -1,44 +1,57 @@
-"""A suite's results as a terminal table: what passed, what failed and by how much."""
+"""A suite's results in the terminal: a table of scenarios, then what failed and by how much."""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.results import SuiteResult
 from harness.verdict import Check
 
 _STATUS = {"passed": "[green]PASS[/]", "failed": "[red]FAIL[/]", "error": "[magenta]ERROR[/]"}
+_ERROR_CHARS = 300
 
 
 def describe_check(check: Check) -> str:
-    """``detected: 3 steps (expected <= 1 steps)`` with the figure and its unit."""
-    unit = f" {check.unit}" if check.unit and check.figure is not None else ""
-    return f"{check.name}: {check.figure}{unit} (expected {check.expected})"
+    """``detected: 3 steps (expected <= 1 steps)``: the figure with its unit and the bound."""
+    if check.figure is None:
+        figure = "not observed"
+    else:
+        figure = f"{check.figure}" + (f" {check.unit}" if check.unit else "")
+    return f"{check.name}: {figure} (expected {check.expected})"
 
 
 def print_results(result: SuiteResult, console: Console) -> None:
-    """One row per scenario, the failed checks with figures, then the scores."""
+    """One row per scenario, the failed checks with their figures, then the scores."""
     table = Table(title=f"{result.suite} · preset {result.preset}", title_justify="left")
-    for column in ("scenario", "class", "status", "score", "time", "failed checks / error"):
-        table.add_column(column, no_wrap=column in ("scenario", "status"))
+    for column in ("scenario", "class", "status", "score", "checks", "time"):
+        table.add_column(column, no_wrap=True)
     for r in result.scenarios:
-        why = (
-            r.error.splitlines()[0] if r.error else "; ".join(map(describe_check, r.failed_checks))
-        )
+        passed = sum(c.passed for c in r.checks)
         table.add_row(
             r.name,
             r.fault_class,
             _STATUS[r.status],
             f"{r.score * 100:.0f}",
+            f"{passed}/{len(r.checks)}",
             f"{r.seconds:.1f}s",
-            why,
         )
     console.print(table)
+    for r in result.scenarios:
+        if r.status == "passed":
+            continue
+        console.print(f"{_STATUS[r.status]} [bold]{escape(r.name)}[/]")
+        if r.error:
+            error = " ".join(r.error.split())
+            cut = error[:_ERROR_CHARS] + (" ..." if len(error) > _ERROR_CHARS else "")
+            console.print(f"    error: {escape(cut)}", highlight=False)
+        for c in r.failed_checks:
+            console.print(f"    {escape(describe_check(c))}: {escape(c.detail)}", highlight=False)
     classes = "  ".join(f"{c} {s:.1f}" for c, s in result.class_scores().items())
     counts = result.counts()
     console.print(
-        f"resilience score [bold]{result.score:.1f}[/] / 100   ({classes})   "
+        f"resilience score [bold]{result.score:.1f}[/] / 100  ({classes})\n"
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['error']} errored",
         highlight=False,
     )
