@@ -1,0 +1,65 @@
+"""What every oracle shares: how it is built from its expectation and how it words a `Check`."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, TypeVar
+
+from harness.verdict import Check, Evidence, Figure
+
+OracleT = TypeVar("OracleT", bound="ExpectOracle")
+
+#: Significant digits kept in a reported float: enough to compare, few enough to read.
+SIGNIFICANT = 4
+
+
+def rounded(value: Figure) -> Figure:
+    """A figure as reported: floats to 4 significant digits, non-finite ones as text."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return value
+    if not math.isfinite(value):
+        # The scorecard is JSON, which has no NaN or infinity (the journal's encoding).
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if value.is_integer():
+        # Whole numbers (loss scales, step counts) are exact; rounding would only blur them.
+        return value
+    return float(f"{value:.{SIGNIFICANT}g}")
+
+
+class ExpectOracle(ABC):
+    """Base of the oracles: built from the value of its key under ``expect:``."""
+
+    #: The check's name, the same as its key under ``expect:`` in a scenario.
+    name: ClassVar[str]
+
+    @classmethod
+    def from_expect(cls: type[OracleT], value: Any) -> OracleT:
+        """The oracle for ``value``, the scenario's expectation for this check."""
+        # Checks that are plain flags (``params_finite: true``) take no parameter.
+        return cls()
+
+    @abstractmethod
+    def judge(self, evidence: Evidence) -> Check:
+        """The verdict of this check on ``evidence``."""
+
+    def verdict(
+        self,
+        passed: bool,
+        figure: Figure,
+        *,
+        unit: str,
+        expected: str,
+        detail: str,
+        **figures: Figure,
+    ) -> Check:
+        """A `Check` of this oracle, its figures rounded for reading."""
+        return Check(
+            name=self.name,
+            passed=passed,
+            figure=rounded(figure),
+            unit=unit,
+            expected=expected,
+            detail=detail,
+            figures={key: rounded(value) for key, value in figures.items()},
+        )

@@ -1,0 +1,153 @@
+"""Was a damaged checkpoint ever loaded? Judged from the files, not from the trainer's word."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from harness.journal import Event
+from harness.oracles.base import ExpectOracle
+from harness.oracles.manifests import CheckpointState, inspect_checkpoint
+from harness.oracles.timeline import faults, plural
+from harness.verdict import Check, Evidence
+
+#: Keys of a fault's details that name what it damaged. Not every path there was damaged:
+#: a swap's ``source`` was only read.
+DAMAGE_KEYS = ("file", "path", "files")
+#: Corrupt loads named one by one in the detail; the rest are counted.
+NAMED = 3
+
+
+def _forms(path: Path) -> set[Path]:
+    """The ways a path may have been written: as given (normalized) and resolved."""
+    forms = {Path(os.path.normpath(path))}
+    with contextlib.suppress(OSError, RuntimeError):
+        forms.add(path.resolve())
+    return forms
+
+
+def _within(path: Path, directory: Path) -> bool:
+    return any(p.is_relative_to(d) for p in _forms(path) for d in _forms(directory))
+
+
+def damaged_paths(fault: Event) -> list[Path]:
+    """The files or folders a `fault_injected` event says it damaged."""
+    named: list[object] = [fault.get("target")]
+    details = fault.get("details")
+    if isinstance(details, dict):
+        for key in DAMAGE_KEYS:
+            value = details.get(key)
+            named += value if isinstance(value, list) else [value]
+    return [Path(p) for p in named if isinstance(p, str) and p]
+
+
+def locate(raw: str, run_dir: Path) -> Path:
+    """The checkpoint directory a journal path names, on this machine."""
+    path = Path(raw)
+    candidates = [path] if path.is_absolute() else [path, run_dir / path]
+    # The run directory may have moved since the run (copied off the machine it ran on).
+    candidates.append(run_dir / "checkpoints" / path.name)
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+@dataclass(frozen=True)
+class _Load:
+    """One `checkpoint_loaded` event and what its directory holds now."""
+
+    event: Event
+    state: CheckpointState
+    roots: tuple[Path, ...]
+
+    def names(self, paths: Iterable[Path]) -> set[str]:
+        """Checkpoints of this load's chain that any of ``paths`` lies in."""
+        return {
+            name
+            for name in self.state.chain
+            for root in self.roots
+            for path in paths
+            if _within(path, root / name)
+        }
+
+
+@dataclass(frozen=True)
+class NoCorruptCheckpointLoadedOracle(ExpectOracle):
+    """Every checkpoint the run loaded verifies against its manifest, parents included."""
+
+    name = "no_corrupt_checkpoint_loaded"
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Count of loads of a checkpoint that was damaged before it was loaded."""
+        journal = evidence.journal
+        hits = [(f, damaged_paths(f)) for f in faults(journal)]
+        saves = journal.of_kind("checkpoint_saved")
+        states: dict[Path, CheckpointState] = {}
+        corrupt: list[str] = []
+        unverifiable = 0
+        loads = journal.of_kind("checkpoint_loaded")
+        for event in loads:
+            raw = event.get("path")
+            if not isinstance(raw, str) or not raw:
+                unverifiable += 1
+                continue
+            where = locate(raw, evidence.run_dir)
+            if where not in states:
+                states[where] = inspect_checkpoint(where)
+            load = _Load(event, states[where], (Path(raw).parent, where.parent))
+            verdict, why = _judge_load(load, hits, saves)
+            if verdict == "unverifiable":
+                unverifiable += 1
+            elif verdict == "corrupt":
+                corrupt.append(f"{Path(raw).name} ({why})")
+        if corrupt:
+            more = len(corrupt) - NAMED
+            detail = f"loaded corrupt: {'; '.join(corrupt[:NAMED])}"
+            detail += f"; and {more} more" if more > 0 else ""
+        elif loads:
+            detail = f"{plural(len(loads), 'load')}, none of a corrupt checkpoint"
+            if unverifiable:
+                detail += f" ({unverifiable} no longer verifiable on disk)"
+        else:
+            detail = "no checkpoint was loaded"
+        return self.verdict(
+            not corrupt,
+            len(corrupt),
+            unit="",
+            expected="0 corrupt loads",
+            detail=detail,
+            loads=len(loads),
+            unverifiable=unverifiable,
+        )
+
+
+def _judge_load(
+    load: _Load, hits: list[tuple[Event, list[Path]]], saves: list[Event]
+) -> tuple[Literal["intact", "corrupt", "unverifiable"], str]:
+    """Whether one load was of a corrupt checkpoint, and why; unverifiable when the files
+    are gone, or were damaged or saved again after the load."""
+    wall = load.event.wall
+
+    def saved(name: str, after: float, before: float) -> bool:
+        return any(
+            after < s.wall < before and name in load.names([Path(str(s.get("path")))])
+            for s in saves
+        )
+
+    for fault, paths in hits:
+        if fault.wall >= wall:
+            continue
+        for name in sorted(load.names(paths)):
+            # A checkpoint saved again under the same name after the damage is a new one.
+            if not saved(name, fault.wall, wall):
+                return "corrupt", f"{fault.get('fault', 'a fault')} hit {name} at step {fault.step}"
+    state = load.state
+    if state.status != "corrupt":
+        return ("intact", "") if state.status == "intact" else ("unverifiable", state.reason)
+    touched_later = any(fault.wall >= wall and load.names(paths) for fault, paths in hits) or any(
+        saved(name, wall, math.inf) for name in state.chain
+    )
+    return ("unverifiable", state.reason) if touched_later else ("corrupt", state.reason)

@@ -1,0 +1,128 @@
+"""Was the fault seen, how soon, and does the fault-free run cry wolf?"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.oracles.base import ExpectOracle
+from harness.oracles.timeline import NO_FAULT, at_or_after, detections, first_fault, plural
+from harness.scenario import DetectedExpect
+from harness.verdict import Check, Evidence
+
+
+@dataclass(frozen=True)
+class DetectedOracle(ExpectOracle):
+    """The fault is detected, by one of the named detectors, within a number of steps."""
+
+    name = "detected"
+    within_steps: int | None = None
+    #: Detectors that count; any when empty.
+    detectors: tuple[str, ...] = ()
+
+    @classmethod
+    def from_expect(cls, value: Any) -> DetectedOracle:
+        """From ``detected: true`` or a `DetectedExpect`."""
+        if not isinstance(value, DetectedExpect):
+            return cls()
+        chosen = value.detector
+        names = (chosen,) if isinstance(chosen, str) else tuple(chosen or ())
+        return cls(within_steps=value.within_steps, detectors=names)
+
+    def _expected(self) -> str:
+        words = "detected"
+        if self.within_steps is not None:
+            words += f" within {plural(self.within_steps, 'step')}"
+        if self.detectors:
+            words += f" by {' or '.join(self.detectors)}"
+        return words
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Latency in steps from the first fault to the first qualifying detection."""
+        expected = self._expected()
+        fault = first_fault(evidence.journal)
+        if fault is None:
+            return self.verdict(
+                False,
+                None,
+                unit="steps",
+                expected=expected,
+                detail=f"{NO_FAULT}, so nothing to detect",
+            )
+        after = [d for d in detections(evidence.journal) if at_or_after(d.event, fault)]
+        counted = [d for d in after if not self.detectors or d.detector in self.detectors]
+        if not counted:
+            others = sorted({d.detector for d in after})
+            by = f" by {' or '.join(self.detectors)}" if self.detectors else ""
+            besides = f"; only {', '.join(others)} fired" if others else ""
+            return self.verdict(
+                False,
+                None,
+                unit="steps",
+                expected=expected,
+                detail=f"{fault.get('fault', 'the fault')} at step {fault.step} was never "
+                f"detected{by}{besides}",
+                fault_step=fault.step,
+            )
+        first = counted[0]
+        # After a rollback the detecting step can be numbered below the fault's step.
+        latency = max(0, first.event.step - fault.step)
+        seconds = max(0.0, first.event.wall - fault.wall)
+        passed = self.within_steps is None or latency <= self.within_steps
+        verb = "detected by" if passed else "detected too late by"
+        return self.verdict(
+            passed,
+            latency,
+            unit="steps",
+            expected=expected,
+            detail=f"{fault.get('fault', 'the fault')} at step {fault.step} {verb} "
+            f"{first.detector} at step {first.event.step}, {plural(latency, 'step')} later",
+            detector=first.detector,
+            seconds=seconds,
+            fault_step=fault.step,
+            detection_step=first.event.step,
+        )
+
+
+@dataclass(frozen=True)
+class FalseAlarmsOracle(ExpectOracle):
+    """The fault-free baseline run raises at most this many detections."""
+
+    name = "max_false_alarms"
+    bound: int = 0
+
+    @classmethod
+    def from_expect(cls, value: Any) -> FalseAlarmsOracle:
+        """From ``max_false_alarms: N``."""
+        return cls(bound=int(value))
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Count of detections in the baseline's journal."""
+        expected = f"<= {self.bound}"
+        if evidence.baseline is None:
+            return self.verdict(
+                False,
+                None,
+                unit="",
+                expected=expected,
+                detail="no fault-free baseline run to count false alarms in",
+            )
+        alarms = detections(evidence.baseline)
+        names = sorted({d.detector for d in alarms})
+        passed = len(alarms) <= self.bound
+        if alarms:
+            first = alarms[0]
+            detail = (
+                f"the fault-free run raised {plural(len(alarms), 'detection')} "
+                f"({', '.join(names)}), the first at step {first.event.step}"
+            )
+        else:
+            detail = "the fault-free run raised no detection"
+        return self.verdict(
+            passed,
+            len(alarms),
+            unit="",
+            expected=expected,
+            detail=detail,
+            detectors=", ".join(names),
+        )

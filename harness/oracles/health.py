@@ -1,0 +1,258 @@
+"""Is the model still healthy: finite weights, a finished run, a loss near the baseline's,
+an fp16 loss scale that settled again."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from harness.journal import Event
+from harness.oracles.base import ExpectOracle
+from harness.oracles.timeline import (
+    LEAD_RANK,
+    NO_FAULT,
+    as_float,
+    faults,
+    finite,
+    first_fault,
+    lead_steps,
+    plural,
+    skipped,
+    surviving_losses,
+)
+from harness.scenario import LossScaleExpect
+from harness.verdict import Check, Evidence
+
+#: Steps averaged for a run's final loss: one step's loss is too noisy to compare.
+FINAL_WINDOW = 5
+
+
+@dataclass(frozen=True)
+class ParamsFiniteOracle(ExpectOracle):
+    """Every parameter stays finite, as the agent observed it (not as the trainer claims)."""
+
+    name = "params_finite"
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Count of observations of non-finite parameters or of an unguarded NaN loss."""
+        journal = evidence.journal
+        observed = [e for e in journal.of_kind("step") if "params_finite" in e.fields]
+        bad = [e for e in observed if e.get("params_finite") is not True]
+        for rank in journal.ranks:
+            steps = journal.steps(rank)
+            if not steps:
+                continue
+            last = steps[max(steps)]
+            # A non-finite loss that was not skipped went into the weights the run ended with.
+            if not finite(last.get("loss")) and not skipped(last) and last not in bad:
+                bad.append(last)
+        if not observed:
+            return self.verdict(
+                False,
+                len(bad),
+                unit="",
+                expected="true",
+                detail="never observed: no step event carries params_finite",
+            )
+        if bad:
+            first = min(bad, key=lambda e: e.wall)
+            detail = (
+                f"{plural(len(bad), 'observation')} of non-finite weights, the first on rank "
+                f"{first.rank} at step {first.step}"
+            )
+        else:
+            detail = f"parameters finite at all {plural(len(observed), 'observation')}"
+        return self.verdict(
+            not bad,
+            len(bad),
+            unit="",
+            expected="true",
+            detail=detail,
+            observations=len(observed),
+            first_bad_step=min(bad, key=lambda e: e.wall).step if bad else None,
+        )
+
+
+@dataclass(frozen=True)
+class CompletedOracle(ExpectOracle):
+    """The run trained to its target step and every rank of its last attempt finished."""
+
+    name = "completed"
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Highest step rank 0 reached; fails naming each missing piece of evidence."""
+        journal, target = evidence.journal, evidence.target_steps
+        missing: list[str] = []
+        if evidence.exit_code is None:
+            missing.append("the launcher was killed at its deadline")
+        elif evidence.exit_code != 0:
+            missing.append(f"the launcher exited with code {evidence.exit_code}")
+        top = max((e.step for e in lead_steps(journal)), default=None)
+        if top is None:
+            missing.append(f"rank {LEAD_RANK} reported no step")
+        elif top != target:
+            missing.append(f"rank {LEAD_RANK} reached step {top} of {target}")
+        last = max((e.restart for e in journal), default=None)
+        if last is None:
+            missing.append("the journal is empty")
+        else:
+            missing += _unfinished_ranks([e for e in journal if e.restart == last])
+        detail = "; ".join(missing) if missing else f"trained to step {target} and finished"
+        return self.verdict(
+            not missing,
+            top,
+            unit="steps",
+            expected=f"exit 0, step {target}, every rank completed",
+            detail=detail,
+            exit_code=evidence.exit_code,
+            restarts=last,
+        )
+
+
+def _unfinished_ranks(attempt: list[Event]) -> list[str]:
+    """What keeps the ranks of one attempt from counting as completed."""
+    ranks = {e.rank for e in attempt}
+    for start in (e for e in attempt if e.kind == "run_start"):
+        size = start.get("world_size")
+        if isinstance(size, int) and not isinstance(size, bool):
+            # A rank that died before writing anything still belonged to the job.
+            ranks |= set(range(size))
+    ends = {e.rank: e for e in attempt if e.kind == "run_end"}
+    problems = []
+    for rank in sorted(ranks):
+        end = ends.get(rank)
+        if end is None:
+            problems.append(f"rank {rank} wrote no run_end")
+        elif end.get("status") != "completed":
+            reason = end.get("reason")
+            why = f" ({reason})" if reason else ""
+            problems.append(f"rank {rank} ended {end.get('status')}{why}")
+    return problems
+
+
+def final_loss(losses: list[float]) -> float | None:
+    """Mean of the last `FINAL_WINDOW` losses; None when there are none."""
+    window = losses[-FINAL_WINDOW:]
+    return sum(window) / len(window) if window else None
+
+
+def relative_gap(value: float, reference: float) -> float:
+    """|value - reference| / |reference|; infinite when only the reference is zero."""
+    if reference == 0:
+        return 0.0 if value == 0 else math.inf
+    return abs(value - reference) / abs(reference)
+
+
+@dataclass(frozen=True)
+class FinalLossOracle(ExpectOracle):
+    """The final loss is within a relative tolerance of the fault-free baseline's."""
+
+    name = "final_loss_within"
+    tolerance: float = 0.05
+
+    @classmethod
+    def from_expect(cls, value: Any) -> FinalLossOracle:
+        """From ``final_loss_within: T``."""
+        return cls(tolerance=float(value))
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Relative gap |final - baseline| / |baseline| of the final losses."""
+        expected = f"<= {self.tolerance:g}"
+        if evidence.baseline is None:
+            return self.verdict(
+                False,
+                None,
+                unit="relative",
+                expected=expected,
+                detail="no fault-free baseline run to compare the final loss with",
+            )
+        final = final_loss(surviving_losses(evidence.journal))
+        base = final_loss(surviving_losses(evidence.baseline))
+        if final is None or base is None:
+            which = "faulted run" if final is None else "baseline"
+            return self.verdict(
+                False,
+                None,
+                unit="relative",
+                expected=expected,
+                detail=f"the {which} reported no loss on rank {LEAD_RANK}",
+            )
+        gap = relative_gap(final, base)
+        passed = math.isfinite(gap) and gap <= self.tolerance
+        return self.verdict(
+            passed,
+            gap,
+            unit="relative",
+            expected=expected,
+            detail=f"final loss {final:.4g} against the baseline's {base:.4g} "
+            f"(mean of the last {FINAL_WINDOW} steps)",
+            final_loss=final,
+            baseline_loss=base,
+        )
+
+
+@dataclass(frozen=True)
+class LossScaleRecoveredOracle(ExpectOracle):
+    """After the fault the fp16 loss scale settles: near its old value, no more skips."""
+
+    name = "loss_scale_recovered"
+    within_steps: int = LossScaleExpect().within_steps
+    min_fraction: float = LossScaleExpect().min_fraction
+
+    @classmethod
+    def from_expect(cls, value: Any) -> LossScaleRecoveredOracle:
+        """From ``loss_scale_recovered: true`` or a `LossScaleExpect`."""
+        expect = value if isinstance(value, LossScaleExpect) else LossScaleExpect()
+        return cls(within_steps=expect.within_steps, min_fraction=expect.min_fraction)
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Ratio of the final loss scale to the one before the first fault."""
+        expected = (
+            f">= {self.min_fraction:g} of the scale before the fault, "
+            f"no skip {plural(self.within_steps, 'step')} after it"
+        )
+
+        def fail(detail: str) -> Check:
+            return self.verdict(False, None, unit="", expected=expected, detail=detail)
+
+        journal = evidence.journal
+        first = first_fault(journal)
+        if first is None:
+            return fail(NO_FAULT)
+        steps = lead_steps(journal)
+        scaled = [e for e in steps if as_float(e.get("loss_scale")) is not None]
+        if not scaled:
+            return fail(f"no loss scale observed on rank {LEAD_RANK} (not an fp16 run?)")
+        before = [e for e in scaled if e.wall < first.wall]
+        if not before:
+            return fail(f"no loss scale observed before the fault at step {first.step}")
+        pre = as_float(before[-1].get("loss_scale")) or 0.0
+        final = as_float(steps[-1].get("loss_scale"))
+        if final is None:
+            return fail(f"the last step ({steps[-1].step}) has no loss scale (it ended in fp32?)")
+        ratio = final / pre if pre > 0 and math.isfinite(pre) else math.nan
+        last = faults(journal)[-1]
+        settle_by = last.step + self.within_steps
+        late = [e for e in steps if e.wall >= last.wall and e.step > settle_by and skipped(e)]
+        problems = []
+        if not math.isfinite(final):
+            problems.append(f"the final loss scale is {final}")
+        elif not ratio >= self.min_fraction:
+            problems.append(f"the loss scale fell from {pre:g} to {final:g}")
+        if late:
+            problems.append(
+                f"{plural(len(late), 'step')} still skipped after step {settle_by}, "
+                f"the first {late[0].step}"
+            )
+        detail = "; ".join(problems) or f"the loss scale went from {pre:g} to {final:g}"
+        return self.verdict(
+            not problems,
+            ratio,
+            unit="",
+            expected=expected,
+            detail=detail,
+            before=pre,
+            final=final,
+            late_skips=len(late),
+        )

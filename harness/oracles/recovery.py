@@ -1,0 +1,145 @@
+"""What the fault cost: steps lost to redoing and skipping, and the time to recover."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.journal import Event
+from harness.oracles.base import ExpectOracle
+from harness.oracles.timeline import LEAD_RANK, NO_FAULT, good, lead_steps, plural, skipped
+from harness.scenario import MttrExpect
+from harness.verdict import Check, Evidence
+
+#: Events that belong to an incident still being handled (besides skipped steps).
+INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
+
+
+@dataclass(frozen=True)
+class LostStepsOracle(ExpectOracle):
+    """At most this many steps were lost: trained twice, or trained without an update."""
+
+    name = "max_lost_steps"
+    bound: int = 0
+
+    @classmethod
+    def from_expect(cls, value: Any) -> LostStepsOracle:
+        """From ``max_lost_steps: N``."""
+        return cls(bound=int(value))
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Steps redone after rollbacks or restarts, plus surviving steps that were skipped."""
+        expected = f"<= {plural(self.bound, 'step')}"
+        steps = lead_steps(evidence.journal)
+        if not steps:
+            return self.verdict(
+                False,
+                None,
+                unit="steps",
+                expected=expected,
+                detail=f"rank {LEAD_RANK} reported no step",
+            )
+        redone = len(steps) - len({e.step for e in steps})
+        surviving = evidence.journal.steps(LEAD_RANK).values()
+        skips = sum(1 for e in surviving if skipped(e))
+        lost = redone + skips
+        return self.verdict(
+            lost <= self.bound,
+            lost,
+            unit="steps",
+            expected=expected,
+            detail=f"{plural(redone, 'step')} redone, {plural(skips, 'step')} skipped",
+            redone=redone,
+            skipped=skips,
+        )
+
+
+@dataclass(frozen=True)
+class MttrOracle(ExpectOracle):
+    """Time to recovery: from the fault to the first good step once the incident is over."""
+
+    name = "mttr"
+    max_steps: int | None = None
+    max_seconds: float | None = None
+
+    @classmethod
+    def from_expect(cls, value: Any) -> MttrOracle:
+        """From an `MttrExpect`."""
+        if not isinstance(value, MttrExpect):
+            return cls()
+        return cls(max_steps=value.max_steps, max_seconds=value.max_seconds)
+
+    def _expected(self) -> str:
+        bounds = []
+        if self.max_steps is not None:
+            bounds.append(f"<= {plural(self.max_steps, 'step')}")
+        if self.max_seconds is not None:
+            bounds.append(f"<= {self.max_seconds:g} s")
+        return " and ".join(bounds) or "recovered"
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Seconds (and steps) from the first fault to the first good step after the
+        incident's last recovery event or skipped step."""
+        expected = self._expected()
+        journal = list(evidence.journal)
+        start = next((i for i, e in enumerate(journal) if e.kind == "fault_injected"), None)
+        if start is None:
+            return self.verdict(
+                False,
+                None,
+                unit="s",
+                expected=expected,
+                detail=f"{NO_FAULT}, so nothing to recover",
+            )
+        # Positions in the merged journal order events by wall time across ranks and keep
+        # each rank's own order where two events share a timestamp.
+        fault, after = journal[start], journal[start:]
+        incident = [i for i, e in enumerate(after) if _incident(e)]
+        end = incident[-1] if incident else 0
+        recovery = next(
+            (i for i, e in enumerate(after) if i > end and _lead_step(e) and good(e)), None
+        )
+        if recovery is None:
+            last = after[end]
+            return self.verdict(
+                False,
+                None,
+                unit="s",
+                expected=expected,
+                detail=f"never recovered: no good step on rank {LEAD_RANK} after the "
+                f"{last.kind} at step {last.step}",
+                fault_step=fault.step,
+            )
+        point = after[recovery]
+        seconds = max(0.0, point.wall - fault.wall)
+        steps = max(0, sum(1 for e in after[: recovery + 1] if _lead_step(e)) - 1)
+        over = []
+        if self.max_steps is not None and steps > self.max_steps:
+            over.append(f"{plural(steps, 'step')} > {self.max_steps}")
+        if self.max_seconds is not None and seconds > self.max_seconds:
+            over.append(f"{seconds:.3g} s > {self.max_seconds:g} s")
+        detail = (
+            f"first good step after the fault at step {fault.step} is step {point.step}, "
+            f"{seconds:.3g} s and {plural(steps, 'step')} later"
+        )
+        if over:
+            detail += f" (too slow: {', '.join(over)})"
+        return self.verdict(
+            not over,
+            seconds,
+            unit="s",
+            expected=expected,
+            detail=detail,
+            steps=steps,
+            fault_step=fault.step,
+            recovered_at_step=point.step,
+        )
+
+
+def _lead_step(event: Event) -> bool:
+    return event.kind == "step" and event.rank == LEAD_RANK
+
+
+def _incident(event: Event) -> bool:
+    """True for an event that shows the incident is still being handled."""
+    return event.kind in INCIDENT_KINDS or (_lead_step(event) and skipped(event))

@@ -1,0 +1,274 @@
+"""Oracles of detection and health: each passes on a run that earns it and fails on one
+that does not (its negative control), and none raises on odd evidence."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from harness.journal import Journal
+from harness.oracles import (
+    ORACLES,
+    CompletedOracle,
+    DetectedOracle,
+    FalseAlarmsOracle,
+    FinalLossOracle,
+    ParamsFiniteOracle,
+    build_oracles,
+    judge,
+)
+from harness.oracles.base import rounded
+from harness.scenario import DetectedExpect, Expect
+from harness.verdict import Evidence
+
+from .oracle_runs import TARGET, Run, clean_run, nan_grad_run
+
+# -- detected ------------------------------------------------------------------------------
+
+
+def test_detected_passes_with_latency_and_detector(tmp_path: Path) -> None:
+    check = DetectedOracle(within_steps=0, detectors=("nonfinite_guard",)).judge(
+        nan_grad_run(tmp_path).evidence()
+    )
+    assert check.passed, check.detail
+    assert (check.figure, check.unit) == (0, "steps")
+    assert check.figures["detector"] == "nonfinite_guard"
+    assert isinstance(check.figures["seconds"], float) and check.figures["seconds"] >= 0
+    assert check.expected == "detected within 0 steps by nonfinite_guard"
+
+
+def test_detected_fails_when_nothing_detects_the_fault(tmp_path: Path) -> None:
+    run = Run(tmp_path).steps(1, 14).fault(15).step(15, loss=math.nan).steps(16, TARGET).end()
+    check = DetectedOracle().judge(run.evidence())
+    assert not check.passed and check.figure is None
+    assert "nan_grad at step 15 was never detected" in check.detail
+
+
+def test_detected_fails_when_too_late(tmp_path: Path) -> None:
+    run = Run(tmp_path).steps(1, 14).fault(15).steps(15, 18).detect(18, "robust_zscore")
+    check = DetectedOracle(within_steps=2).judge(run.steps(19, TARGET).end().evidence())
+    assert not check.passed
+    assert check.figure == 3 and check.figures["detection_step"] == 18
+    assert "too late" in check.detail
+
+
+def test_detected_counts_only_the_named_detectors(tmp_path: Path) -> None:
+    evidence = nan_grad_run(tmp_path).evidence()
+    check = DetectedOracle(detectors=("robust_zscore", "forecast")).judge(evidence)
+    assert not check.passed
+    assert "only nonfinite_guard fired" in check.detail
+
+
+def test_a_detection_before_the_fault_does_not_count(tmp_path: Path) -> None:
+    run = Run(tmp_path).steps(1, 5).detect(5, "robust_zscore").steps(6, 14).fault(15)
+    check = DetectedOracle().judge(run.steps(15, TARGET).end().evidence())
+    assert not check.passed
+
+
+def test_rejected_checkpoints_and_lost_ranks_count_as_detections(tmp_path: Path) -> None:
+    run = Run(tmp_path).steps(1, 20).fault(20, "bitflip_file", target="ckpt/state.pt")
+    run.emit("checkpoint_rejected", 22, path="ckpt", reason="hash mismatch")
+    run.emit("rank_lost", 23, lost_rank=1)
+    evidence = run.steps(21, TARGET).end().evidence()
+    integrity = DetectedOracle(within_steps=2, detectors=("checkpoint_integrity",))
+    assert integrity.judge(evidence).passed
+    lost = DetectedOracle(detectors=("rank_lost",)).judge(evidence)
+    assert lost.passed and lost.figure == 3
+
+
+def test_detected_fails_when_no_fault_was_injected(tmp_path: Path) -> None:
+    check = DetectedOracle().judge(clean_run(tmp_path).evidence())
+    assert not check.passed and "no fault was injected" in check.detail
+
+
+# -- max_false_alarms ----------------------------------------------------------------------
+
+
+def test_false_alarms_pass_on_a_quiet_baseline(tmp_path: Path) -> None:
+    faulted = nan_grad_run(tmp_path / "faulted")
+    baseline = clean_run(tmp_path / "baseline")
+    check = FalseAlarmsOracle(bound=0).judge(faulted.evidence(baseline))
+    assert check.passed and check.figure == 0
+
+
+def test_false_alarms_fail_on_a_detection_in_the_baseline(tmp_path: Path) -> None:
+    baseline = Run(tmp_path / "baseline").steps(1, 10).detect(10, "robust_zscore")
+    baseline.emit("checkpoint_rejected", 11, path="p", reason="r").steps(11, TARGET).end()
+    check = FalseAlarmsOracle(bound=1).judge(clean_run(tmp_path / "run").evidence(baseline))
+    assert not check.passed and check.figure == 2
+    assert check.figures["detectors"] == "checkpoint_integrity, robust_zscore"
+
+
+def test_false_alarms_fail_without_a_baseline(tmp_path: Path) -> None:
+    check = FalseAlarmsOracle().judge(clean_run(tmp_path).evidence())
+    assert not check.passed and "no fault-free baseline" in check.detail
+
+
+# -- params_finite -------------------------------------------------------------------------
+
+
+def test_params_finite_passes_when_every_observation_is_finite(tmp_path: Path) -> None:
+    check = ParamsFiniteOracle().judge(nan_grad_run(tmp_path).evidence())
+    assert check.passed and check.figure == 0 and check.figures["observations"] == TARGET
+
+
+def test_params_finite_fails_on_one_non_finite_observation_on_any_rank(tmp_path: Path) -> None:
+    run = Run(tmp_path, world_size=2).steps(1, 10, params_finite=True)
+    run.emit("step", 11, rank=1, loss=1.0, params_finite=False)
+    check = ParamsFiniteOracle().judge(run.end().evidence())
+    assert not check.passed and check.figure == 1
+    assert "rank 1 at step 11" in check.detail
+
+
+def test_params_finite_fails_when_the_run_ends_on_an_unguarded_nan(tmp_path: Path) -> None:
+    # The trainer's weights are poisoned although no observation after it says so.
+    run = Run(tmp_path).steps(1, 29, params_finite=True).step(30, loss=math.inf)
+    check = ParamsFiniteOracle().judge(run.end().evidence())
+    assert not check.passed and check.figures["first_bad_step"] == 30
+
+
+def test_params_finite_fails_when_never_observed(tmp_path: Path) -> None:
+    check = ParamsFiniteOracle().judge(Run(tmp_path).steps(1, TARGET).end().evidence())
+    assert not check.passed and "never observed" in check.detail
+
+
+# -- completed -----------------------------------------------------------------------------
+
+
+def test_completed_passes_after_a_restart(tmp_path: Path) -> None:
+    run = Run(tmp_path, world_size=2).steps(1, 12).end("failed", step=12, reason="killed")
+    run.restart(resume_at=10).steps(11, TARGET).end()
+    check = CompletedOracle().judge(run.evidence())
+    assert check.passed, check.detail
+    assert check.figure == TARGET and check.figures["restarts"] == 1
+
+
+def test_completed_fails_naming_each_missing_piece(tmp_path: Path) -> None:
+    run = Run(tmp_path, world_size=2).steps(1, 20)
+    run.emit("run_end", 20, rank=0, status="failed", reason="NaN loss")
+    check = CompletedOracle().judge(run.evidence(exit_code=1))
+    assert not check.passed and check.figure == 20
+    for piece in (
+        "exited with code 1",
+        "step 20 of 30",
+        "rank 0 ended failed (NaN loss)",
+        "rank 1 wrote no run_end",
+    ):
+        assert piece in check.detail
+
+
+def test_completed_fails_when_killed_at_the_deadline(tmp_path: Path) -> None:
+    check = CompletedOracle().judge(clean_run(tmp_path).evidence(exit_code=None))
+    assert not check.passed and "killed at its deadline" in check.detail
+
+
+# -- final_loss_within ---------------------------------------------------------------------
+
+
+def test_final_loss_passes_near_the_baseline(tmp_path: Path) -> None:
+    baseline = clean_run(tmp_path / "baseline")
+    check = FinalLossOracle(tolerance=0.05).judge(nan_grad_run(tmp_path / "run").evidence(baseline))
+    assert check.passed and check.figure == 0.0 and check.unit == "relative"
+
+
+def test_final_loss_fails_far_from_the_baseline(tmp_path: Path) -> None:
+    baseline = clean_run(tmp_path / "baseline")
+    run = Run(tmp_path / "run").steps(1, 25).steps(26, TARGET, loss=8.0).end()
+    check = FinalLossOracle(tolerance=0.05).judge(run.evidence(baseline))
+    assert not check.passed
+    base = sum(5.0 - 0.02 * s for s in range(26, 31)) / 5
+    assert check.figure == rounded(abs(8.0 - base) / base)
+
+
+def test_final_loss_fails_on_a_nan_loss(tmp_path: Path) -> None:
+    baseline = clean_run(tmp_path / "baseline")
+    run = Run(tmp_path / "run").steps(1, 29).step(30, loss=math.nan).end()
+    check = FinalLossOracle(tolerance=10).judge(run.evidence(baseline))
+    assert not check.passed and check.figure == "nan"
+
+
+def test_final_loss_fails_without_a_baseline(tmp_path: Path) -> None:
+    check = FinalLossOracle().judge(clean_run(tmp_path).evidence())
+    assert not check.passed and "no fault-free baseline" in check.detail
+
+
+# -- building and judging ------------------------------------------------------------------
+
+
+def test_every_expect_field_has_its_oracle() -> None:
+    assert list(ORACLES) == list(Expect.model_fields)
+
+
+def test_build_oracles_follows_the_checks_asked_for() -> None:
+    expect = Expect(
+        max_false_alarms=0,
+        detected=DetectedExpect(within_steps=3, detector=["a", "b"]),
+        completed=True,
+        params_finite=False,
+    )
+    oracles = build_oracles(expect)
+    assert (
+        [o.name for o in oracles]
+        == expect.checks()
+        == ["detected", "completed", "max_false_alarms"]
+    )
+    assert oracles[0] == DetectedOracle(within_steps=3, detectors=("a", "b"))
+    assert oracles[2] == FalseAlarmsOracle(bound=0)
+
+
+def _ask_everything() -> Expect:
+    return Expect(
+        detected=True,
+        params_finite=True,
+        completed=True,
+        final_loss_within=0.1,
+        max_lost_steps=0,
+        mttr={"max_steps": 1},
+        no_corrupt_checkpoint_loaded=True,
+        max_contamination_consumed=0,
+        max_false_alarms=0,
+        loss_scale_recovered=True,
+    )
+
+
+def test_judge_never_raises_on_an_empty_journal(tmp_path: Path) -> None:
+    evidence = Evidence(journal=Journal([]), run_dir=tmp_path, target_steps=10, exit_code=None)
+    checks = judge(_ask_everything(), evidence)
+    assert [c.name for c in checks] == list(ORACLES)
+    # Nothing was loaded, so nothing corrupt was: the only check that holds vacuously.
+    assert [c.name for c in checks if c.passed] == ["no_corrupt_checkpoint_loaded"]
+    assert all(c.detail and "the oracle failed" not in c.detail for c in checks)
+
+
+def test_judge_on_a_handled_fault(tmp_path: Path) -> None:
+    evidence = nan_grad_run(tmp_path / "run").evidence(clean_run(tmp_path / "baseline"))
+    verdicts = {c.name: c.passed for c in judge(_ask_everything(), evidence)}
+    assert verdicts == {
+        "detected": True,
+        "params_finite": True,
+        "completed": True,
+        "final_loss_within": True,
+        "max_lost_steps": False,  # the skipped step is lost
+        "mttr": True,
+        "no_corrupt_checkpoint_loaded": True,
+        "max_contamination_consumed": False,  # the synthetic steps report no docs
+        "max_false_alarms": True,
+        "loss_scale_recovered": False,  # an fp32 run
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (0.123456, 0.1235),
+        (123456.7, 123500.0),
+        (65536.0, 65536.0),
+        (math.inf, "inf"),
+        (math.nan, "nan"),
+        (7, 7),
+    ],
+)
+def test_figures_keep_four_digits_or_whole_numbers(value: float, shown: object) -> None:
+    assert rounded(value) == shown

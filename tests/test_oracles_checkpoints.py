@@ -1,0 +1,143 @@
+"""The corrupt-checkpoint oracle checks real checkpoint folders, written in the reference
+trainer's manifest format and damaged by the real checkpoint faults."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from faults.checkpoint import (
+    BitflipFileInjector,
+    BitflipFileSpec,
+    DeleteManifestInjector,
+    DeleteManifestSpec,
+    TruncateInjector,
+    TruncateSpec,
+)
+from faults.injector import Injection
+from harness.oracles import NoCorruptCheckpointLoadedOracle
+from harness.verdict import Check
+from reference_trainer.manifest import write_manifest
+
+from .oracle_runs import TARGET, Run
+
+FULL, DELTA = "step-00000010", "step-00000020"
+
+
+def save(run_dir: Path, name: str, data: bytes, parent: str | None = None) -> Path:
+    """A checkpoint folder as the reference trainer writes one: data, RNG, manifest."""
+    folder = run_dir / "checkpoints" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ("delta.bin" if parent else "state.pt")).write_bytes(data)
+    (folder / "rng-rank-0.pt").write_bytes(b"rng" * 50)
+    step = int(name.removeprefix("step-"))
+    write_manifest(folder, step=step, kind="delta" if parent else "full", parent=parent, tensors={})
+    (run_dir / "checkpoints" / "latest").write_text(name + "\n")
+    return folder
+
+
+def saved_run(run_dir: Path) -> Run:
+    """Checkpoints at steps 10 (full) and 20 (a delta on it), journaled as saved."""
+    run = Run(run_dir).steps(1, 10)
+    run.emit("checkpoint_saved", 10, path=str(save(run_dir, FULL, bytes(range(256)) * 40)))
+    run.steps(11, 20)
+    folder = save(run_dir, DELTA, b"delta" * 300, parent=FULL)
+    return run.emit("checkpoint_saved", 20, path=str(folder))
+
+
+def journal_damage(run: Run, step: int, records: list[Injection]) -> None:
+    """Journal what a fault did, as the agent does."""
+    for rec in records:
+        run.emit("fault_injected", step, fault=rec.fault, target=rec.target, details=rec.details)
+
+
+def resume(run: Run, step: int = 25) -> Check:
+    """Roll back to the delta at step 20, finish, and judge."""
+    run.steps(21, step).rollback(step, to=20).steps(21, TARGET).end()
+    return NoCorruptCheckpointLoadedOracle().judge(run.evidence())
+
+
+def test_loading_an_intact_delta_and_its_parent_passes(tmp_path: Path) -> None:
+    check = resume(saved_run(tmp_path))
+    assert check.passed, check.detail
+    assert (check.figure, check.figures) == (0, {"loads": 1, "unverifiable": 0})
+    assert check.expected == "0 corrupt loads"
+
+
+def test_silent_damage_to_a_loaded_checkpoint_fails(tmp_path: Path) -> None:
+    run = saved_run(tmp_path)
+    # Nobody journals this bit flip: only the files can tell.
+    BitflipFileInjector(BitflipFileSpec(at_step=1, checkpoint=DELTA)).apply(tmp_path)
+    check = resume(run)
+    assert not check.passed and check.figure == 1
+    assert "delta.bin does not match its SHA-256" in check.detail
+
+
+def test_a_delta_with_a_damaged_parent_is_corrupt(tmp_path: Path) -> None:
+    run = saved_run(tmp_path)
+    TruncateInjector(TruncateSpec(at_step=1, checkpoint=FULL)).apply(tmp_path)
+    check = resume(run)
+    assert not check.passed and "state.pt has" in check.detail
+
+
+def test_a_missing_manifest_is_corrupt(tmp_path: Path) -> None:
+    run = saved_run(tmp_path)
+    journal_damage(run, 22, DeleteManifestInjector(DeleteManifestSpec(at_step=1)).apply(tmp_path))
+    check = resume(run)
+    assert not check.passed and "delete_manifest hit step-00000020 at step 22" in check.detail
+
+
+def test_damage_journaled_before_the_load_fails_even_once_the_files_are_gone(
+    tmp_path: Path,
+) -> None:
+    run = saved_run(tmp_path)
+    journal_damage(run, 21, BitflipFileInjector(BitflipFileSpec(at_step=1)).apply(tmp_path))
+    run.steps(21, 25).rollback(25, to=20).steps(21, TARGET).end()
+    shutil.rmtree(tmp_path / "checkpoints")  # retention, or a cleanup, after the run
+    check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
+    assert not check.passed and "bitflip_file hit step-00000020 at step 21" in check.detail
+
+
+def test_damage_after_the_load_is_not_blamed_on_it(tmp_path: Path) -> None:
+    run = saved_run(tmp_path).steps(21, 25).rollback(25, to=20)
+    journal_damage(run, 26, TruncateInjector(TruncateSpec(at_step=1)).apply(tmp_path))
+    run.steps(21, TARGET).end()
+    check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
+    assert check.passed, check.detail
+    assert check.figures == {"loads": 1, "unverifiable": 1}
+
+
+def test_a_checkpoint_saved_again_after_its_damage_is_a_new_one(tmp_path: Path) -> None:
+    run = saved_run(tmp_path)
+    journal_damage(run, 21, TruncateInjector(TruncateSpec(at_step=1)).apply(tmp_path))
+    run.rollback(21, to=10).steps(11, 20)  # the damaged step 20 is never loaded...
+    folder = save(tmp_path, DELTA, b"again" * 300, parent=FULL)  # ...and is saved anew
+    run.emit("checkpoint_saved", 20, path=str(folder))
+    check = resume(run)
+    assert check.passed, check.detail
+    assert check.figures == {"loads": 2, "unverifiable": 0}
+
+
+def test_a_deleted_checkpoint_is_unverifiable_not_corrupt(tmp_path: Path) -> None:
+    run = saved_run(tmp_path).steps(21, 25).rollback(25, to=20).steps(21, TARGET).end()
+    shutil.rmtree(tmp_path / "checkpoints" / DELTA)
+    check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
+    assert check.passed and check.figures == {"loads": 1, "unverifiable": 1}
+
+
+def test_a_moved_run_directory_is_still_checked(tmp_path: Path) -> None:
+    run = saved_run(tmp_path / "ran-here")
+    BitflipFileInjector(BitflipFileSpec(at_step=1, checkpoint=DELTA)).apply(run.run_dir)
+    run.steps(21, 25).rollback(25, to=20).steps(21, TARGET).end()
+    run.close()
+    moved = tmp_path / "copied-there"
+    shutil.move(run.run_dir, moved)
+    run.run_dir = moved
+    check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
+    assert not check.passed and "does not match" in check.detail
+
+
+def test_no_load_no_corruption(tmp_path: Path) -> None:
+    run = saved_run(tmp_path).steps(21, TARGET).end()
+    check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
+    assert check.passed and check.detail == "no checkpoint was loaded"
