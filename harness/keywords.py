@@ -32,6 +32,10 @@ def keyword_match(expr: str, words: Iterable[str]) -> bool:
             parts.append(token)
         else:
             parts.append(str(any(token.lower() in w for w in haystack)))
+    for left, right in zip(tokens, tokens[1:]):
+        # Two words, or a word and "(", side by side would read as a call or a syntax error.
+        if left not in _OPERATORS - {")"} and right not in _OPERATORS - {"("}:
+            raise KeywordError(f"-k {expr!r}: {left!r} and {right!r} need and/or between them")
     # Only True/False, and/or/not and parentheses reach eval: nothing a user typed runs.
     try:
         return bool(eval(" ".join(parts), {"__builtins__": {}}, {}))
