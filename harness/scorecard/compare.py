@@ -1,0 +1,222 @@
+"""Two scorecards side by side: what regressed, what improved, what came and went.
+
+Scenarios are matched by name, checks within a scenario by name, so scorecards of
+different suites can still be compared where their scenarios overlap. A scenario only
+one side has is listed as added or removed and never counts as a regression.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.results import ScenarioResult, Status, SuiteResult
+from harness.scorecard.text import format_figure, format_score
+from harness.verdict import Check, Figure
+
+# Worse to better; a move down this list is a regression whatever the score did.
+_RANK: dict[Status, int] = {"error": 0, "failed": 1, "passed": 2}
+# Scores are shares of a few checks; differences below this are float noise.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioChange:
+    """A scenario whose status or score moved between the two scorecards."""
+
+    name: str
+    fault_class: str
+    old_status: Status
+    new_status: Status
+    #: Scenario scores, 0 to 1.
+    old_score: float
+    new_score: float
+
+
+@dataclass(frozen=True, slots=True)
+class CheckChange:
+    """A check that went from pass to fail (or back), with both figures."""
+
+    scenario: str
+    check: str
+    old_figure: Figure
+    new_figure: Figure
+    unit: str
+    #: The threshold, as the new scorecard states it.
+    expected: str
+    detail: str
+
+
+@dataclass(slots=True)
+class Comparison:
+    """What changed from ``old`` to ``new``."""
+
+    old_suite: str
+    new_suite: str
+    old_score: float
+    new_score: float
+    #: Fault class -> (old, new) resilience score; None where a side has no such class.
+    class_scores: dict[str, tuple[float | None, float | None]]
+    regressions: list[ScenarioChange] = field(default_factory=list)
+    improvements: list[ScenarioChange] = field(default_factory=list)
+    broken_checks: list[CheckChange] = field(default_factory=list)
+    fixed_checks: list[CheckChange] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def delta(self) -> float:
+        """New overall score minus old."""
+        return self.new_score - self.old_score
+
+    @property
+    def same_suite(self) -> bool:
+        """Both scorecards come from a suite of the same name."""
+        return self.old_suite == self.new_suite
+
+    @property
+    def regressed(self) -> bool:
+        """Some scenario in both got worse, or some check in both went from pass to fail."""
+        return bool(self.regressions or self.broken_checks)
+
+
+def _check_changes(
+    old: ScenarioResult, new: ScenarioResult
+) -> tuple[list[CheckChange], list[CheckChange]]:
+    old_checks: dict[str, Check] = {}
+    for c in old.checks:
+        old_checks.setdefault(c.name, c)
+    broken: list[CheckChange] = []
+    fixed: list[CheckChange] = []
+    for c in new.checks:
+        before = old_checks.get(c.name)
+        if before is None or before.passed == c.passed:
+            continue
+        change = CheckChange(
+            new.name, c.name, before.figure, c.figure, c.unit or before.unit, c.expected, c.detail
+        )
+        (fixed if c.passed else broken).append(change)
+    return broken, fixed
+
+
+def compare(old: SuiteResult, new: SuiteResult) -> Comparison:
+    """What regressed and improved from ``old`` to ``new``, scenario by scenario."""
+    old_classes, new_classes = old.class_scores(), new.class_scores()
+    classes = list(dict.fromkeys([*old_classes, *new_classes]))
+    result = Comparison(
+        old_suite=old.suite,
+        new_suite=new.suite,
+        old_score=old.score,
+        new_score=new.score,
+        class_scores={c: (old_classes.get(c), new_classes.get(c)) for c in classes},
+    )
+    before = {r.name: r for r in old.scenarios}
+    names_now = {r.name for r in new.scenarios}
+    result.removed = [r.name for r in old.scenarios if r.name not in names_now]
+    for r in new.scenarios:
+        was = before.get(r.name)
+        if was is None:
+            result.added.append(r.name)
+            continue
+        change = ScenarioChange(r.name, r.fault_class, was.status, r.status, was.score, r.score)
+        rank_moved = _RANK[r.status] - _RANK[was.status]
+        if rank_moved < 0 or (rank_moved == 0 and r.score < was.score - _EPS):
+            result.regressions.append(change)
+        elif rank_moved > 0 or r.score > was.score + _EPS:
+            result.improvements.append(change)
+        broken, fixed = _check_changes(was, r)
+        result.broken_checks += broken
+        result.fixed_checks += fixed
+    return result
+
+
+def _signed(delta: float) -> str:
+    return f"{delta:+.1f}" if abs(delta) >= 0.05 else "±0.0"
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """A Markdown pipe table, padded so it also reads as plain text in a terminal."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        padded = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = (
+        "|"
+        + "|".join(
+            "-" * (w + 1) + ":" if i in right else "-" * (w + 2) for i, w in enumerate(widths)
+        )
+        + "|"
+    )
+    return [line(header), rule, *(line(r) for r in rows)]
+
+
+def _score(value: float | None) -> str:
+    return "—" if value is None else format_score(value)
+
+
+def _scenario_rows(changes: list[ScenarioChange]) -> list[str]:
+    rows = [
+        [
+            c.name,
+            c.fault_class,
+            # No status icons here: emoji are two columns wide and would skew the padding.
+            f"{c.old_status} -> {c.new_status}",
+            f"{format_score(100 * c.old_score)} -> {format_score(100 * c.new_score)}",
+        ]
+        for c in changes
+    ]
+    return _table(["scenario", "fault class", "status", "score"], rows, {3})
+
+
+def _check_rows(changes: list[CheckChange]) -> list[str]:
+    rows = [
+        [
+            c.scenario,
+            c.check,
+            format_figure(c.old_figure, c.unit),
+            format_figure(c.new_figure, c.unit),
+            c.expected,
+        ]
+        for c in changes
+    ]
+    return _table(["scenario", "check", "old figure", "new figure", "expected"], rows, {2, 3})
+
+
+def render_comparison(c: Comparison) -> str:
+    """The comparison as text for a terminal (its tables are also valid Markdown)."""
+    title = c.new_suite if c.same_suite else f"{c.old_suite} -> {c.new_suite}"
+    lines = [
+        f"tightrope compare: {title}",
+        f"resilience score {format_score(c.old_score)} -> {format_score(c.new_score)} "
+        f"({_signed(c.delta)})",
+    ]
+    if not c.same_suite:
+        lines.append(
+            f"note: different suites ({c.old_suite!r} and {c.new_suite!r}); scenarios are "
+            "matched by name"
+        )
+    rows = [
+        [name, _score(o), _score(n), "" if o is None or n is None else _signed(n - o)]
+        for name, (o, n) in c.class_scores.items()
+    ]
+    lines += ["", *_table(["fault class", "old", "new", "delta"], rows, {1, 2, 3})]
+    sections: list[tuple[str, list[str]]] = [
+        (f"Regressed scenarios ({len(c.regressions)})", _scenario_rows(c.regressions)),
+        (f"Checks that now fail ({len(c.broken_checks)})", _check_rows(c.broken_checks)),
+        (f"Improved scenarios ({len(c.improvements)})", _scenario_rows(c.improvements)),
+        (f"Checks that now pass ({len(c.fixed_checks)})", _check_rows(c.fixed_checks)),
+    ]
+    for heading, table in sections:
+        if len(table) > 2:
+            lines += ["", heading, *table]
+    if c.added:
+        lines += ["", f"Added (not compared): {', '.join(c.added)}"]
+    if c.removed:
+        lines += ["", f"Removed: {', '.join(c.removed)}"]
+    verdict = "REGRESSED" if c.regressed else "no regressions"
+    lines += ["", f"verdict: {verdict}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,131 @@
+"""scorecard.md: GitHub-flavoured Markdown, short enough for a CI job summary."""
+
+from __future__ import annotations
+
+import re
+
+from harness.results import ScenarioResult, SuiteResult
+from harness.scorecard.text import (
+    STATUS_ICON,
+    clean_text,
+    format_figure,
+    format_number,
+    format_score,
+    format_seconds,
+    plural,
+)
+
+# "<=" in an expectation is text, but "<details" in a log line would open an element.
+_TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
+_BACKTICKS = re.compile(r"`+")
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a table cell: one line, no column breaks, no stray HTML tags."""
+    text = _TAG_START.sub("&lt;", clean_text(text))
+    return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+
+def _code(text: str) -> str:
+    """Inline code that survives backticks inside it."""
+    longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {text} {fence}" if longest else f"`{text}`"
+
+
+def _block(text: str) -> list[str]:
+    """A fenced code block, its fence longer than any run of backticks in the text."""
+    longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, clean_text(text).rstrip("\n"), fence]
+
+
+def _header(result: SuiteResult) -> list[str]:
+    counts = result.counts()
+    preset = f" · preset `{result.preset}`" if result.preset else ""
+    verdict = "passed" if result.passed else "did not pass"
+    lines = [
+        f"## tightrope scorecard: {_cell(result.suite)}{preset}",
+        "",
+        f"Resilience score **{format_score(result.score)} / 100** · suite {verdict}",
+        "",
+        f"{STATUS_ICON['passed']} {counts['passed']} passed · "
+        f"{STATUS_ICON['failed']} {counts['failed']} failed · "
+        f"{STATUS_ICON['error']} {counts['error']} error · "
+        f"{plural(len(result.scenarios), 'scenario')} in {format_seconds(result.seconds)}",
+    ]
+    if result.min_score is not None:
+        met = "met" if result.score >= result.min_score else "**not met**"
+        lines += ["", f"Minimum score {format_number(result.min_score)}: {met}"]
+    return lines
+
+
+def _class_table(result: SuiteResult) -> list[str]:
+    lines = ["| fault class | score | scenarios | passed |", "|---|---:|---:|---:|"]
+    for fault_class, score in result.class_scores().items():
+        members = [r for r in result.scenarios if r.fault_class == fault_class]
+        passed = sum(r.status == "passed" for r in members)
+        lines.append(
+            f"| {_cell(fault_class)} | {format_score(score)} | {len(members)} | {passed} |"
+        )
+    return lines
+
+
+def _scenario_table(result: SuiteResult) -> list[str]:
+    lines = [
+        "| status | scenario | fault class | weight | score | time |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for r in result.scenarios:
+        lines.append(
+            f"| {STATUS_ICON[r.status]} {r.status} | {_cell(r.name)} | {_cell(r.fault_class)} | "
+            f"{format_number(r.weight)} | {format_score(100 * r.score)} | "
+            f"{format_seconds(r.seconds)} |"
+        )
+    return lines
+
+
+def _check_table(r: ScenarioResult) -> list[str]:
+    lines = ["| check | figure | expected | detail |", "|---|---:|---|---|"]
+    for c in r.failed_checks:
+        lines.append(
+            f"| {_cell(c.name)} | {_cell(format_figure(c.figure, c.unit))} | "
+            f"{_cell(c.expected)} | {_cell(c.detail)} |"
+        )
+    passed = len(r.checks) - len(r.failed_checks)
+    return [*lines, "", f"{passed} of {len(r.checks)} checks passed."]
+
+
+def _failed(r: ScenarioResult) -> list[str]:
+    lines = [f"### {STATUS_ICON['failed']} {_code(r.name)} failed ({_cell(r.fault_class)})", ""]
+    if r.description:
+        lines += [_cell(r.description), ""]
+    lines += _check_table(r)
+    if r.log_tail.strip():
+        lines += ["", "<details><summary>log tail</summary>", "", *_block(r.log_tail), "</details>"]
+    return lines
+
+
+def _errored(r: ScenarioResult) -> list[str]:
+    lines = [f"### {STATUS_ICON['error']} {_code(r.name)} errored ({_cell(r.fault_class)})", ""]
+    exit_code = "killed at its deadline" if r.exit_code is None else f"exit code {r.exit_code}"
+    lines += [f"**Error:** {_cell(r.error or '')} ({exit_code})", ""]
+    # An errored run's checks are still judged; the failed ones often say where it broke.
+    if r.failed_checks:
+        lines += [*_check_table(r), ""]
+    tail = r.log_tail if r.log_tail.strip() else "(the run left no log)"
+    lines += ["<details open><summary>log tail</summary>", "", *_block(tail), "</details>"]
+    return lines
+
+
+def render_markdown(result: SuiteResult) -> str:
+    """scorecard.md's text: score, counts, per-class and per-scenario tables, then failures."""
+    lines = _header(result)
+    lines += ["", "### Fault classes", "", *_class_table(result)]
+    lines += ["", "### Scenarios", "", *_scenario_table(result)]
+    for r in result.scenarios:
+        if r.status == "failed":
+            lines += ["", *_failed(r)]
+        elif r.status == "error":
+            lines += ["", *_errored(r)]
+    return "\n".join(lines) + "\n"

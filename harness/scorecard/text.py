@@ -1,0 +1,104 @@
+"""Formatting shared by every scorecard: figures, scores, times, log text and anchors."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from harness.results import Status
+from harness.verdict import Check, Figure
+
+#: Icons for a scenario's status, in the Markdown summary and the comparison.
+STATUS_ICON: dict[Status, str] = {"passed": "✅", "failed": "❌", "error": "💥"}
+
+# Colour codes and cursor moves that trainers and progress bars write into logs.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# Characters XML 1.0 cannot carry at all (JUnit and HTML are both read by XML parsers).
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def format_number(value: float) -> str:
+    """A float shown short: integers without a point, others to four significant digits."""
+    if not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def format_figure(figure: Figure, unit: str = "") -> str:
+    """A check's figure with its unit ("3 steps", "0.012 relative"); "—" when not measured."""
+    if figure is None:
+        return "—"
+    if isinstance(figure, bool):
+        text = str(figure).lower()
+    elif isinstance(figure, (int, float)):
+        text = format_number(float(figure)) if isinstance(figure, float) else str(figure)
+    else:
+        text = str(figure)
+    return f"{text} {unit}" if unit else text
+
+
+def raw_figure(figure: Figure) -> str:
+    """A figure as a machine reads it (JUnit property values): no unit, full precision."""
+    if figure is None:
+        return ""
+    if isinstance(figure, bool):
+        return str(figure).lower()
+    if isinstance(figure, float):
+        return format_number(figure) if not math.isfinite(figure) else repr(figure)
+    return str(figure)
+
+
+def format_score(score: float) -> str:
+    """A 0–100 resilience score to one decimal."""
+    return f"{score:.1f}"
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration a person reads: "0.4 s", "12 s", "3 min 05 s"."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "—"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def plural(n: int, word: str) -> str:
+    """The count and the word, plural unless the count is 1 ("3 scenarios")."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def describe_check(check: Check) -> str:
+    """One line for a failed check: name, figure against what was expected."""
+    expected = f", expected {check.expected}" if check.expected else ""
+    return f"{check.name}: {format_figure(check.figure, check.unit)}{expected}"
+
+
+def clean_text(text: str) -> str:
+    """Log text fit for any report: colour codes and characters XML refuses removed."""
+    return _NOT_XML.sub("", _ANSI.sub("", text))
+
+
+def slug(name: str) -> str:
+    """An id-safe form of a scenario name ("NaN grad @15" -> "nan-grad-15")."""
+    return _SLUG.sub("-", name.lower()).strip("-") or "scenario"
+
+
+def unique_slugs(names: list[str]) -> list[str]:
+    """`slug` of each name, numbered where two names would give the same one."""
+    used: set[str] = set()
+    out = []
+    for name in names:
+        base = candidate = slug(name)
+        n = 1
+        while candidate in used:
+            n += 1
+            candidate = f"{base}-{n}"
+        used.add(candidate)
+        out.append(candidate)
+    return out
