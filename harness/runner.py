@@ -178,7 +178,8 @@ class Runner:
             try:
                 journal = _read(run_dir)
             except JournalError as exc:
-                result.error = f"no journal: the trainer never started ({exc})"
+                result.error = _crash(launch, Journal([]), spec.timeout) or "exited 0"
+                result.error += f"; no journal: the trainer never started ({exc})"
                 return result
             result.error = _crash(launch, journal, spec.timeout)
             evidence = Evidence(
