@@ -100,6 +100,7 @@ class _Session:
         self.runner: Runner = Runner(self.options)
         self.results: list[ScenarioResult] = []
         self.suites: list[str] = []
+        self.summary: list[str] = []
 
     def run(self, scenario: Scenario) -> ScenarioResult:
         from harness.launch import check_command
@@ -229,15 +230,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     result = state.suite_result()
     write_scorecards(result, state.out_dir)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(
-            f"tightrope: resilience score {result.score:.1f}/100; scorecards in {state.out_dir}"
-        )
+    state.summary.append(
+        f"tightrope: resilience score {result.score:.1f}/100; scorecards in {state.out_dir}"
+    )
     floor = state.options.min_score
-    if floor is not None and result.score < floor and session.exitstatus == 0:
-        if reporter is not None:
-            reporter.write_line(
-                f"tightrope: score {result.score:.1f} is below --tightrope-min-score {floor:g}"
-            )
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if floor is not None and result.score < floor:
+        state.summary.append(
+            f"tightrope: score {result.score:.1f} is below --tightrope-min-score {floor:g}"
+        )
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The score and where the scorecards are, last in the report."""
+    state = terminalreporter.config.stash.get(_KEY, None)
+    for line in state.summary if state is not None else []:
+        terminalreporter.write_line(line)
