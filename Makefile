@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tightrope-installed
 # One thread per rank: two ranks share this machine's cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint browser bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,12 +15,16 @@ $(STAMP): pyproject.toml constraints.txt
 		-c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-## demo: train the tiny preset on 2 ranks under torchrun, then summarize its journal
+## demo: the smoke suite against the reference trainer, then against the fragile preset;
+## both scorecards written, the scores printed side by side. Succeeds when the reference
+## trainer passes every scenario and the fragile one fails (tightrope exits 1 for it).
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(BIN)/torchrun --nproc-per-node 2 -m reference_trainer \
-		--preset tiny --steps 60 --run-dir runs/demo
-	$(BIN)/tightrope summary runs/demo
+	$(BIN)/tightrope run scenarios/smoke.yaml --scorecard runs/demo/reference
+	$(BIN)/tightrope run scenarios/smoke.yaml --preset fragile --scorecard runs/demo/fragile \
+		|| test $$? -eq 1
+	$(BIN)/tightrope compare runs/demo/reference runs/demo/fragile || test $$? -eq 1
+	@echo "scorecards: runs/demo/reference/scorecard.html runs/demo/fragile/scorecard.html"
 
 ## lint: ruff and mypy (strict on harness/ and faults/)
 lint: $(STAMP)
@@ -28,14 +32,21 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+## browser: headless Chromium for the HTML scorecard test (Debian's package, when missing)
+browser:
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null \
+		|| (apt-get update -q && apt-get install -y -q chromium >/dev/null) \
+		|| echo "tightrope: could not install chromium; the browser test will be skipped"
+
 ## test: lint, then every test tier that can run on this machine
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest
 
-## bench: trainer throughput and checkpoint cost (benchmarks/results/*.json)
+## bench: trainer throughput, checkpoint cost, suite wall time (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
 	$(BIN)/python benchmarks/checkpoint.py
+	$(BIN)/python benchmarks/suite_time.py
 
 clean:
-	rm -rf runs .mypy_cache .ruff_cache .pytest_cache
+	rm -rf runs .tightrope-cache .mypy_cache .ruff_cache .pytest_cache

@@ -130,7 +130,7 @@ def _list(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     table = Table(title=f"{suite.name}: {args.suite}", title_justify="left")
     for column in ("scenario", "class", "faults", "checks", "trainer", "weight"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "scenario", overflow="fold")
     for s in select(suite, args.keyword):
         t = s.trainer
         trainer = t.command or f"{t.preset} {t.model} {t.precision} x{t.world_size}"

@@ -1,0 +1,65 @@
+"""The smoke suite end to end: the reference trainer passes every check, and the fragile preset
+fails exactly the checks its missing mechanisms cover."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.results import SuiteResult
+from harness.runner import RunOptions, run_suite
+from harness.scorecard import load_scorecard, write_scorecards
+from harness.suite_loader import load_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "scenarios" / "smoke.yaml"
+
+#: What switching every mechanism off must break, scenario by scenario.
+FRAGILE_FAILS = {
+    # no NaN guard: the update goes through, the weights turn NaN
+    "nan-grad": ("failed", {"detected", "params_finite", "final_loss_within"}),
+    # no spike detectors: nothing notices, nothing rolls back, the loss stays ruined
+    "lr-spike": ("failed", {"detected", "final_loss_within"}),
+    # no integrity check and no fallback: the unreadable checkpoint is reported, but the
+    # trainer has nothing else to load and stops
+    "truncated-checkpoint": ("error", {"completed"}),
+    # no dedup: the copies reach the model
+    "duplicate-data": ("failed", {"max_contamination_consumed"}),
+}
+
+
+def run(tmp_path: Path, preset: str) -> SuiteResult:
+    options = RunOptions(
+        out_dir=tmp_path / preset, preset=preset, cache_dir=tmp_path / "cache", cores=2
+    )
+    result = run_suite(load_suite(SMOKE), options, progress=False)
+    write_scorecards(result, options.out_dir)
+    return result
+
+
+@pytest.mark.slow
+def test_smoke_separates_the_reference_trainer_from_the_fragile_one(tmp_path: Path) -> None:
+    robust = run(tmp_path, "reference")
+    report = {
+        r.name: [(c.name, c.figure, c.detail) for c in r.failed_checks] for r in robust.scenarios
+    }
+    assert robust.passed and robust.score == 100.0, report
+    assert {r.fault_class for r in robust.scenarios} == {
+        "numeric",
+        "loss_spike",
+        "checkpoint",
+        "data",
+    }
+
+    fragile = run(tmp_path, "fragile")
+    outcome = {r.name: (r.status, {c.name for c in r.failed_checks}) for r in fragile.scenarios}
+    assert outcome == FRAGILE_FAILS
+    assert not fragile.passed and fragile.score < 60
+    crashed = next(r for r in fragile.scenarios if r.status == "error")
+    assert "state.pt" in crashed.log_tail  # the report carries the trainer's last words
+
+    # Both scorecards load back with the same verdicts.
+    again = load_scorecard(tmp_path / "fragile")
+    assert again.score == fragile.score
+    assert [r.status for r in again.scenarios] == [r.status for r in fragile.scenarios]
