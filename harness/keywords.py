@@ -7,6 +7,7 @@ its fault kinds.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 
@@ -32,7 +33,7 @@ def keyword_match(expr: str, words: Iterable[str]) -> bool:
             parts.append(token)
         else:
             parts.append(str(any(token.lower() in w for w in haystack)))
-    for left, right in zip(tokens, tokens[1:]):
+    for left, right in itertools.pairwise(tokens):
         # Two words, or a word and "(", side by side would read as a call or a syntax error.
         if left not in _OPERATORS - {")"} and right not in _OPERATORS - {"("}:
             raise KeywordError(f"-k {expr!r}: {left!r} and {right!r} need and/or between them")

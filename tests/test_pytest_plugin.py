@@ -45,7 +45,9 @@ def test_each_scenario_is_an_item_and_other_yaml_is_left_alone(suite_dir: pytest
 @pytest.mark.slow
 def test_a_failing_scenario_shows_its_checks_with_figures(suite_dir: pytest.Pytester) -> None:
     out = suite_dir.path / "card"
-    result = suite_dir.runpytest_subprocess("-p", "no:cacheprovider", f"--tightrope-scorecard={out}")
+    result = suite_dir.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--tightrope-scorecard={out}"
+    )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from harness.baseline import baseline_key
-from harness.runner import RunOptions, Runner, run_suite
+from harness.runner import Runner, RunOptions, run_suite
 from harness.scenario import TrainerSpec
 from harness.suite_loader import parse_suite
 

@@ -181,7 +181,7 @@ def test_a_scenario_round_trips_through_its_saved_spec() -> None:
                     "expect": {"mttr": {"max_steps": 4}},
                 }
             ]
-        },  # fmt: skip
+        },
         "<test>",
     )
     (scenario,) = suite.scenarios
