@@ -16,9 +16,10 @@ from typing import NoReturn
 
 from faults import FaultPlan
 from harness.errors import TightropeError
-from reference_trainer.checkpoint import checkpoint_step
+from reference_trainer.checkpoint import checkpoint_step, latest_checkpoint
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError
+from reference_trainer.preemption import EXIT_PREEMPTED
 from reference_trainer.run_dir import check_resumable
 from reference_trainer.stability import MECHANISMS, StabilityConfig
 
@@ -99,7 +100,8 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
         for name in args.disable:
             cfg.stability.disable(name)
         return _apply(cfg, given)
-    if args.fragile or args.disable:
+    if (args.fragile or args.disable) and not restart_count():
+        # (A restarted worker gets the first attempt's flags again; they are settled.)
         raise ConfigError(
             "--fragile and --disable apply to fresh runs; a resumed run keeps its own"
         )
@@ -124,11 +126,23 @@ def _apply(cfg: TrainConfig, values: dict[str, object]) -> TrainConfig:
     return TrainConfig.from_dict(data)
 
 
+def restart_count() -> int:
+    """How many times torchrun has restarted the workers (0 on the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
+    """Entry point; returns the exit code.
+
+    A worker that torchrun restarted after a failure continues from the run's latest
+    checkpoint (or starts over when the run saved none), whatever ``--resume`` says.
+    """
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    restarted = restart_count() > 0
     try:
+        if restarted and not args.resume and latest_checkpoint(args.run_dir) is not None:
+            args.resume = True
         if args.resume:
             latest = check_resumable(args.run_dir)
             cfg = settle_config(args)
@@ -155,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg,
             args.run_dir,
             resume=args.resume,
+            restarted=restarted,
             device=args.device,
             stop_after=args.stop_after,
             plan=plan,
@@ -163,5 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         who = PROG if rank == 0 else f"{PROG}[rank {rank}]"
         print(f"{who}: error: {exc}", file=sys.stderr)
         return 2
-    # Training that failed for good (recovery exhausted) is not bad input: exit 1.
+    # Training that failed for good (recovery exhausted) is not bad input: exit 1. A
+    # preempted run exits as a terminated process would, so that torchrun restarts it.
+    if result.status == "preempted":
+        return EXIT_PREEMPTED
     return 1 if result.status == "failed" else 0

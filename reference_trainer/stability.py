@@ -15,6 +15,7 @@ from reference_trainer.loss_scale import LossScaleConfig
 from reference_trainer.loss_spikes import RobustZScoreConfig, SpikeConfig
 from reference_trainer.precision_switch import PrecisionSwitchConfig
 from reference_trainer.recovery import RecoveryConfig
+from reference_trainer.watchdog import WatchdogConfig
 
 #: Names accepted by ``--disable``, with what each switches off.
 MECHANISMS = {
@@ -28,6 +29,8 @@ MECHANISMS = {
     "async": "background checkpoint persistence",
     "recovery": "the three-level recovery policy",
     "dedup": "the streaming duplicate filter",
+    "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
+    "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
 }
 
 
@@ -52,6 +55,9 @@ class StabilityConfig:
     )
     """Word 3-grams and Jaccard 0.5 catch light edits of short documents too (at 5-grams
     and 0.8 most copies under 100 words slip through); 50,000 documents bound the index."""
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    preemption: bool = True
+    """On SIGTERM, save an emergency checkpoint at the next step boundary, then exit."""
 
     def disable(self, name: str) -> None:
         """Switch off one mechanism by its ``MECHANISMS`` name."""
@@ -68,6 +74,10 @@ class StabilityConfig:
             self.checkpoints.delta = False
         elif name == "async":
             self.checkpoints.asynchronous = False
+        elif name == "watchdog":
+            self.watchdog.enabled = False
+        elif name == "preemption":
+            self.preemption = False
         else:
             raise KeyError(name)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,8 @@ class StepResult:
 
     observations: dict[str, Any]
     claims: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: Some rank received SIGTERM: every rank stops after this step (agreed by all).
+    preempted: bool = False
 
     @property
     def skipped(self) -> bool:
@@ -64,6 +67,8 @@ class Trainer:
     lr_scale: float = 1.0
     #: Set by level-3 recovery: train in fp32 from now on, whatever checkpoints say.
     fp32_forced: bool = False
+    #: Whether this process received SIGTERM (shared with every rank at each step).
+    preempt_requested: Callable[[], bool] = lambda: False
     layers: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,7 +114,7 @@ class Trainer:
                 torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
             )
         )
-        mean_loss, all_finite = self._agree(local, math.isfinite(grad_norm))
+        mean_loss, all_finite, preempted = self._agree(local, math.isfinite(grad_norm))
         claims: list[tuple[str, dict[str, Any]]] = []
         skip = not all_finite and (cfg.stability.nonfinite_guard or scaler.active)
         if skip:
@@ -199,17 +204,20 @@ class Trainer:
             "docs": counters.docs,
             "contaminated_docs": counters.contaminated_docs,
         }
-        return StepResult(observations, claims)
+        return StepResult(observations, claims, preempted)
 
-    def _agree(self, local_loss: torch.Tensor, grads_finite: bool) -> tuple[float, bool]:
-        """Mean loss over ranks and whether every rank's loss and gradients are finite,
-        in one collective so all ranks take the same decision."""
+    def _agree(self, local_loss: torch.Tensor, grads_finite: bool) -> tuple[float, bool, bool]:
+        """Mean loss over ranks, whether every rank's loss and gradients are finite, and
+        whether any rank was asked to stop (SIGTERM): one collective, so all ranks take
+        the same decisions."""
         finite = torch.isfinite(local_loss) & torch.tensor(grads_finite, device=local_loss.device)
+        stop = torch.tensor(float(self.preempt_requested()), device=local_loss.device)
         packed = torch.stack(
             [
                 torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0),
                 (~finite).float(),
                 local_loss,
+                stop,
             ]
         )
         if self.topo.distributed:
@@ -218,7 +226,7 @@ class Trainer:
         all_finite = bool(packed[1] == 0)
         # A non-finite loss anywhere makes the mean non-finite, as it should be.
         mean = float(packed[0] / n) if all_finite else float(packed[2] / n)
-        return mean, all_finite
+        return mean, all_finite, bool(packed[3] > 0)
 
     def force_fp32(self) -> None:
         """Train in fp32 from now on (level-3 recovery): no autocast, no loss scaling."""

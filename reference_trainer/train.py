@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from faults import FaultPlan
 from harness.agent import Agent
+from harness.journal import read_journal
 from reference_trainer import checkpoint as ckpt
 from reference_trainer import distributed
 from reference_trainer.checkpointing import CheckpointManager
@@ -31,10 +33,12 @@ from reference_trainer.model import GPT, Block
 from reference_trainer.optim import build_optimizer, peak_lr
 from reference_trainer.precision import Precision
 from reference_trainer.precision_switch import ActivationMonitor
+from reference_trainer.preemption import Preemption
 from reference_trainer.recovery import Decision, Failure, RecoveryPolicy
 from reference_trainer.run_dir import check_fresh, check_resumable
 from reference_trainer.step import Trainer
 from reference_trainer.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+from reference_trainer.watchdog import Heartbeat
 
 DIAGNOSIS_FILE = "diagnosis.md"
 
@@ -129,6 +133,7 @@ def train(
     run_dir: Path,
     *,
     resume: bool = False,
+    restarted: bool = False,
     device: str = "auto",
     stop_after: int | None = None,
     plan: FaultPlan | None = None,
@@ -138,18 +143,31 @@ def train(
     ``stop_after`` ends the run early, with a checkpoint, as a preempted job would; the
     learning-rate schedule still spans ``cfg.steps``. ``plan`` names faults to inject.
     Every rank runs this; under torchrun the process group comes from the environment.
+    ``restarted`` says torchrun restarted the workers: a fresh start may then find the
+    journal of the attempt that failed before its first checkpoint.
     """
     run_dir = Path(run_dir)
     # Every check reads only: no rank may write before all have looked at the same disk.
     if resume:
         check_resumable(run_dir)
-    else:
+    elif not restarted:
         check_fresh(run_dir)
-    topo = distributed.init(device)
+    watchdog = cfg.stability.watchdog
+    topo = distributed.init(device, watchdog.collective_timeout if watchdog.enabled else None)
     try:
         return Run(cfg, run_dir, topo, plan or FaultPlan()).execute(resume, stop_after or cfg.steps)
     finally:
         distributed.shutdown(topo)
+
+
+def lost_ranks(run_dir: Path, attempt: int) -> list[int]:
+    """Ranks whose process in ``attempt`` started but never ended on its own (killed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a killed writer leaves a torn last line
+        events = [e for e in read_journal(run_dir) if e.restart == attempt]
+    started = {e.rank for e in events if e.kind == "run_start"}
+    ended = {e.rank for e in events if e.kind == "run_end"}
+    return sorted(started - ended)
 
 
 class Run:
@@ -175,6 +193,14 @@ class Run:
         self.policy = RecoveryPolicy(cfg.stability.recovery)
         self.spikes = SpikeMonitor(cfg.stability.spikes)
         self.skips = 0
+        self.preemption = Preemption(cfg.stability.preemption)
+        self.trainer.preempt_requested = lambda: self.preemption.requested
+        watchdog = cfg.stability.watchdog
+        self.heartbeat = (
+            Heartbeat(watchdog, run_dir, topo.rank, topo.restart, topo.world_size)
+            if watchdog.enabled
+            else None
+        )
 
     # -- state -------------------------------------------------------------------------
 
@@ -224,12 +250,26 @@ class Run:
         )
         if topo.restart:
             agent.claim("restart", count=topo.restart, reason="launcher restarted the workers")
+            if topo.is_main:
+                for rank in lost_ranks(self.run_dir, topo.restart - 1):
+                    agent.claim(
+                        "rank_lost",
+                        lost_rank=rank,
+                        reason=f"its process ended without a run_end in attempt {topo.restart - 1}",
+                    )
+        if topo.join_retries:
+            agent.claim(
+                "recovered", action="rejoin_retry", details={"failed_tries": topo.join_retries}
+            )
         step = 0
         status, reason, loss = "failed", "interrupted", math.nan
+        self.preemption.install()
         try:
             if resume:
                 path, state = self.checkpoints.load_valid()
                 step = self.restore(path, state)
+            if self.heartbeat is not None:
+                self.heartbeat.start(step)
             _print(topo, self._banner(step, last))
             step, loss, status, reason = self._loop(step, last)
         except KeyboardInterrupt:
@@ -240,7 +280,10 @@ class Run:
             raise
         finally:
             self.checkpoints.wait()
-            agent.close(status, reason)
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            self.preemption.uninstall()
+            agent.close("stopped" if status == "preempted" else status, reason)
         return RunResult(step, loss, time.monotonic() - started, status)
 
     def _loop(self, step: int, last: int) -> tuple[int, float, str, str]:
@@ -257,19 +300,30 @@ class Run:
             if failure is not None and cfg.stability.recovery.enabled:
                 resumed = self._recover_or_give_up(failure)
                 agent.end_step()
+                self._beat(step)
                 if resumed is None:
                     return step, loss, "failed", f"recovery exhausted: see {DIAGNOSIS_FILE}"
                 step = resumed + 1
                 continue
             if failure is None:
                 self.policy.good_step()
-            if step % cfg.checkpoint_every == 0 or step == last:
+            saved = step % cfg.checkpoint_every == 0 or step == last
+            if saved:
                 self.checkpoints.save(step, self.state_dict(step) if self.topo.is_main else None)
-                if step == last:
-                    # The last checkpoint is durable before the step's end, so whatever acts
-                    # at end_step (a checkpoint fault, a stop) sees it as `latest`.
-                    self.checkpoints.wait()
+            if step == last or result.preempted:
+                if result.preempted and not saved:
+                    self.checkpoints.save(
+                        step, self.state_dict(step) if self.topo.is_main else None
+                    )
+                # The last checkpoint is durable before the step's end, so whatever acts
+                # at end_step (a checkpoint fault, a stop) sees it as `latest`.
+                self.checkpoints.wait()
+            if result.preempted:
+                # No rank exits before the emergency checkpoint is durable on rank 0.
+                distributed.barrier(self.topo)
+                return step, loss, "preempted", self._preempted(step)
             agent.end_step()
+            self._beat(step)
             if step % cfg.log_every == 0 or step == last:
                 obs = result.observations
                 _print(
@@ -282,6 +336,26 @@ class Run:
         if done == cfg.steps:
             return done, loss, "completed", ""
         return done, loss, "stopped", f"stopped after step {done} as asked"
+
+    def _beat(self, step: int) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.beat(step)
+
+    def _preempted(self, step: int) -> str:
+        """Journal the emergency checkpoint of a preemption; the run's end reason."""
+        since = self.preemption.received_at
+        waited = time.monotonic() - since if since is not None else None
+        here = "here" if self.preemption.requested else "on another rank"
+        self.agent.claim(
+            "detected", detector="preemption", details={"signal": "SIGTERM", "received": here}
+        )
+        self.agent.claim(
+            "recovered",
+            action="emergency_checkpoint",
+            details={"step": step, "seconds_after_signal": waited},
+        )
+        _print(self.topo, f"preempted: emergency checkpoint at step {step}, exiting")
+        return f"preempted (SIGTERM): emergency checkpoint at step {step}"
 
     def _failure(self, step: int, skipped: bool, loss: float) -> Failure | None:
         """What, if anything, this step's evidence says went wrong."""
