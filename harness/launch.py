@@ -42,7 +42,7 @@ class Launch:
     seconds: float
 
 
-def _torchrun(world_size: int) -> list[str]:
+def _torchrun(spec: TrainerSpec) -> list[str]:
     # --standalone: a private rendezvous on a free local port, so runs can go in parallel.
     return [
         sys.executable,
@@ -50,7 +50,9 @@ def _torchrun(world_size: int) -> list[str]:
         "torch.distributed.run",
         "--standalone",
         "--nproc-per-node",
-        str(world_size),
+        str(spec.world_size),
+        "--max-restarts",
+        str(spec.restarts),
     ]
 
 
@@ -61,9 +63,11 @@ def reference_command(
     *,
     stop_after: int | None = None,
     resume: bool = False,
+    elastic: bool = False,
 ) -> list[str]:
-    """The reference trainer's command line for ``spec``."""
-    head = [sys.executable] if spec.world_size == 1 else _torchrun(spec.world_size)
+    """The reference trainer's command line for ``spec``; under torchrun for several
+    ranks, or with ``elastic`` (process faults: a lost worker is restarted)."""
+    head = _torchrun(spec) if spec.world_size > 1 or elastic else [sys.executable]
     argv = [*head, "-m", "reference_trainer", "--run-dir", str(run_dir)]
     argv += ["--steps", str(spec.steps), "--checkpoint-every", str(spec.checkpoint_every)]
     if resume:
@@ -74,7 +78,8 @@ def reference_command(
     if spec.preset == "fragile":
         argv.append("--fragile")
     for name in spec.disable:
-        argv += ["--disable", name]
+        if name != "restarts":  # the launcher's, not the trainer's
+            argv += ["--disable", name]
     if stop_after is not None:
         argv += ["--stop-after", str(stop_after)]
     if plan is not None:

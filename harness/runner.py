@@ -94,19 +94,22 @@ class _Cores:
 
 
 def _launch_faulted(
-    spec: TrainerSpec, run_dir: Path, plan: Path, poll: Callable[[], None]
+    scenario: Scenario, run_dir: Path, plan: Path, poll: Callable[[], None]
 ) -> Launch:
     """The faulted run: one launch, or a stop and a resume when the scenario asks."""
+    spec = scenario.trainer
     deadline = time.monotonic() + spec.timeout
     log, env = run_dir / LOG_FILE, trainer_env(spec)
     if spec.command is not None:
         argv = custom_command(spec, run_dir, plan)
         return run_process(argv, log=log, deadline=deadline, env=env, on_poll=poll)
-    first = reference_command(spec, run_dir, plan, stop_after=spec.resume_after)
+    # A process fault needs torchrun even for one rank: it restarts what was lost.
+    elastic = any(type(f).fault_class == "process" for f in scenario.faults)
+    first = reference_command(spec, run_dir, plan, stop_after=spec.resume_after, elastic=elastic)
     launch = run_process(first, log=log, deadline=deadline, env=env, on_poll=poll)
     if spec.resume_after is None or launch.exit_code != 0:
         return launch
-    second = reference_command(spec, run_dir, plan, resume=True)
+    second = reference_command(spec, run_dir, plan, resume=True, elastic=elastic)
     again = run_process(second, log=log, deadline=deadline, env=env, on_poll=poll)
     return Launch(again.exit_code, again.timed_out, launch.seconds + again.seconds)
 
@@ -172,7 +175,7 @@ class Runner:
             run_dir.mkdir(parents=True)
             plan = run_dir / PLAN_FILE
             plan.write_text(yaml.safe_dump(scenario.plan(), sort_keys=False))
-            launch = _launch_faulted(spec, run_dir, plan, lambda: poll(run_dir))
+            launch = _launch_faulted(scenario, run_dir, plan, lambda: poll(run_dir))
             result.log_tail = log_tail(run_dir / LOG_FILE)
             result.exit_code = launch.exit_code
             try:

@@ -41,6 +41,9 @@ MECHANISMS = (
     "async",
     "recovery",
     "dedup",
+    "watchdog",
+    "preemption",
+    "restarts",
 )
 #: Fault classes a scenario is scored under (``lr_spike`` and ``bad_batch`` are loss spikes).
 FAULT_CLASSES = ("numeric", "loss_spike", "checkpoint", "process", "data")
@@ -80,8 +83,17 @@ class TrainerSpec(_Model):
         description="Stop with a checkpoint after this step, then resume from the latest "
         "checkpoint, as a rescheduled job would (reference trainer only).",
     )
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Restarts torchrun may make after a failed worker (0 under `fragile` or "
+        "with `restarts` disabled).",
+    )
     disable: list[str] = Field(
-        default_factory=list, description="Stability mechanisms to switch off (reference)."
+        default_factory=list,
+        description="Stability mechanisms to switch off (reference); `restarts` means no "
+        "torchrun restarts.",
     )
     timeout: float = Field(
         default=300.0,
@@ -117,6 +129,13 @@ class TrainerSpec(_Model):
                 "the run would never save one"
             )
         return self
+
+    @property
+    def restarts(self) -> int:
+        """Restarts torchrun is allowed: none for the fragile preset or with `restarts` off."""
+        if self.preset == "fragile" or "restarts" in self.disable:
+            return 0
+        return self.max_restarts
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same configuration (the baseline cache key's part)."""
