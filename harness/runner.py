@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
+from rich.markup import escape
 
 from harness import __version__
 from harness.baseline import BaselineError, baseline_key, baseline_run, default_cache_dir
@@ -197,6 +198,8 @@ class Runner:
                 result.log_tail = ""
         except TightropeError as exc:
             result.error = str(exc)
+        except Exception as exc:  # one scenario's surprise must not end the suite
+            result.error = f"harness error: {type(exc).__name__}: {exc}"
         finally:
             self._cores.give(cores)
             result.seconds = time.monotonic() - started
@@ -233,8 +236,8 @@ def _line(result: ScenarioResult) -> str:
     failed = ", ".join(c.name for c in result.failed_checks)
     why = result.error.splitlines()[0] if result.error else failed
     return (
-        f"{mark[result.status]}[/] {result.name}  score {result.score * 100:.0f}  "
-        f"{result.seconds:.1f}s" + (f"  ({why})" if why else "")
+        f"{mark[result.status]}[/] {escape(result.name)}  score {result.score * 100:.0f}  "
+        f"{result.seconds:.1f}s" + (f"  ({escape(why)})" if why else "")
     )
 
 
