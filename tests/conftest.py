@@ -30,7 +30,9 @@ def run_module(
     )
 
 
-def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    nproc: int, *args: str, timeout: float = 300, max_restarts: int = 0
+) -> subprocess.CompletedProcess[str]:
     """Launch ``torchrun --nproc-per-node N -m reference_trainer ARGS`` and wait for it."""
     return run_module(
         "-m",
@@ -38,6 +40,8 @@ def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.Complet
         "--standalone",
         "--nproc-per-node",
         str(nproc),
+        "--max-restarts",
+        str(max_restarts),
         "-m",
         "reference_trainer",
         *args,

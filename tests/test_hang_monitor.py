@@ -1,0 +1,104 @@
+"""The hang monitor: kills a rank whose heartbeat goes stale, journals it, and leaves a rank
+that keeps beating alone; the heartbeat's timeout is learned from step times."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.journal import read_journal
+from reference_trainer.hang_monitor import behind
+from reference_trainer.watchdog import Heartbeat, WatchdogConfig, heartbeat_path
+
+
+def write_beat(
+    run_dir: Path, rank: int, step: int, *, age: float, timeout: float, pid: int
+) -> None:
+    path = heartbeat_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"step": step, "wall": time.time() - age, "timeout": timeout, "pid": pid}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record | {"host": "h", "restart": 0}))
+    tmp.replace(path)  # as the rank writes it: never half a heartbeat
+
+
+def monitor(run_dir: Path, pid: int, world_size: int = 2) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "reference_trainer.hang_monitor", "--run-dir", str(run_dir)]
+    argv += ["--rank", "1", "--world-size", str(world_size), "--pid", str(pid), "--poll", "0.05"]
+    return subprocess.Popen(argv)
+
+
+@pytest.fixture
+def rank_process() -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_stale_heartbeat_is_journaled_and_its_rank_killed(
+    tmp_path: Path, rank_process: subprocess.Popen[bytes]
+) -> None:
+    write_beat(tmp_path, 0, 15, age=0.0, timeout=1.0, pid=1)  # the peer got further
+    write_beat(tmp_path, 1, 14, age=3.0, timeout=1.0, pid=rank_process.pid)
+    started = time.monotonic()
+    assert monitor(tmp_path, rank_process.pid).wait(timeout=30) == 1
+    assert rank_process.wait(timeout=10) == -9  # SIGKILL: a stopped process heeds nothing else
+    assert time.monotonic() - started < 10
+    journal = read_journal(tmp_path)
+    (detected,) = journal.of_kind("detected")
+    assert detected["detector"] == "hang_watchdog" and detected.rank == 1
+    assert detected["details"]["lost_ranks"] == [1] and detected["details"]["stalled_seconds"] > 1
+    (lost,) = journal.of_kind("rank_lost")
+    assert lost["lost_rank"] == 1 and "past step 14" in lost["reason"]
+
+
+def test_a_rank_that_keeps_beating_is_left_alone(
+    tmp_path: Path, rank_process: subprocess.Popen[bytes]
+) -> None:
+    write_beat(tmp_path, 1, 0, age=0.0, timeout=0.5, pid=rank_process.pid)
+    watcher = monitor(tmp_path, rank_process.pid, world_size=1)
+    for step in range(1, 31):  # 1.5 s of progress against a 0.5 s timeout
+        write_beat(tmp_path, 1, step, age=0.0, timeout=0.5, pid=rank_process.pid)
+        time.sleep(0.05)
+    assert watcher.poll() is None and rank_process.poll() is None
+    heartbeat_path(tmp_path, 1).unlink()  # the rank ended on its own
+    assert watcher.wait(timeout=10) == 0
+    assert rank_process.poll() is None
+    assert not (tmp_path / "journal").exists()
+
+
+def test_the_monitor_leaves_when_its_rank_exits(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    write_beat(tmp_path, 1, 3, age=100.0, timeout=1.0, pid=gone.pid)
+    assert monitor(tmp_path, gone.pid).wait(timeout=10) == 0
+    assert not (tmp_path / "journal").exists()
+
+
+def test_the_rank_that_fell_behind_is_named() -> None:
+    now = time.time()
+    beats = {0: {"step": 15, "wall": now}, 1: {"step": 14, "wall": now - 9}}
+    assert behind(beats, now) == [1]
+    assert behind({0: {"step": 5, "wall": now - 1}, 1: {"step": 5, "wall": now - 4}}, now) == [1]
+    assert behind({}, now) == []
+
+
+def test_the_timeout_is_learned_from_step_times(tmp_path: Path) -> None:
+    config = WatchdogConfig(initial_timeout=60, safety_factor=4, min_timeout=0.2)
+    beat = Heartbeat(config, tmp_path, rank=0, restart=0, world_size=1)
+    beat.beat(0)
+    assert beat.timeout == 60  # nothing learned yet: start-up may be slow
+    for step in range(1, 6):
+        time.sleep(0.1)
+        beat.beat(step)
+    assert 0.4 <= beat.timeout <= 2.0  # 4 x the slowest of ~0.1 s steps
+    saved = json.loads(heartbeat_path(tmp_path, 0).read_text())
+    assert saved["step"] == 5 and saved["timeout"] == beat.timeout
+    with pytest.raises(ValueError, match=r"stability\.watchdog\.min_timeout"):
+        WatchdogConfig(initial_timeout=1, min_timeout=5)

@@ -1,0 +1,103 @@
+"""Node loss, hangs and preemption, as scenarios: each passes on the reference trainer and fails
+with the one mechanism that handles it switched off (no restarts, no watchdog, no emergency
+checkpoint). Restarts are torchrun's own, resuming from real checkpoints on disk."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.journal import read_journal
+from harness.results import ScenarioResult
+from harness.runner import RunOptions, run_suite
+from harness.suite_loader import parse_suite
+
+KILL = {"kind": "kill", "at_step": 12, "ranks": [0]}
+HANG = {"kind": "hang", "at_step": 12, "ranks": [0]}
+PREEMPT = {"kind": "preempt", "at_step": 12, "ranks": [0], "grace_seconds": 10}
+RECOVERED = {"completed": True, "mttr": {"max_seconds": 45}}
+
+
+def scenario(name: str, fault: dict[str, Any], expect: dict[str, Any], **trainer: Any) -> Any:
+    return {"name": name, "faults": [fault], "expect": RECOVERED | expect, "trainer": trainer}
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("process")
+
+
+@pytest.fixture(scope="module")
+def results(out: Path) -> dict[str, ScenarioResult]:
+    suite = parse_suite(
+        {
+            "suite": "process",
+            "defaults": {"trainer": {"steps": 20, "checkpoint_every": 5, "timeout": 60}},
+            "scenarios": [
+                scenario(
+                    "kill", KILL, {"detected": {"detector": "rank_lost"}, "max_lost_steps": 2}
+                ),
+                scenario("kill-no-restarts", KILL, {}, disable=["restarts"]),
+                scenario("hang", HANG, {"detected": {"detector": "hang_watchdog"}}),
+                scenario("hang-no-watchdog", HANG, {}, disable=["watchdog"], timeout=40),
+                scenario("preempt", PREEMPT, {"max_lost_steps": 0}),
+                scenario("preempt-no-save", PREEMPT, {"max_lost_steps": 0}, disable=["preemption"]),
+            ],
+        },
+        "<test>",
+    )
+    options = RunOptions(out_dir=out, cache_dir=out / "cache", cores=2)
+    result = run_suite(suite, options, progress=False)
+    return {r.name: r for r in result.scenarios}
+
+
+def failed(result: ScenarioResult) -> set[str]:
+    return {c.name for c in result.failed_checks}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["kill", "hang", "preempt"])
+def test_the_reference_trainer_recovers(results: dict[str, ScenarioResult], name: str) -> None:
+    result = results[name]
+    assert result.status == "passed", [(c.name, c.figure, c.detail) for c in result.checks]
+
+
+@pytest.mark.slow
+def test_without_restarts_a_lost_node_ends_the_job(results: dict[str, ScenarioResult]) -> None:
+    result = results["kill-no-restarts"]
+    assert result.status == "error" and failed(result) == {"completed", "mttr"}
+
+
+@pytest.mark.slow
+def test_without_the_watchdog_a_hang_outlives_the_deadline(
+    results: dict[str, ScenarioResult],
+) -> None:
+    result = results["hang-no-watchdog"]
+    assert result.status == "error" and result.error is not None
+    assert "timed out" in result.error and "completed" in failed(result)
+
+
+@pytest.mark.slow
+def test_without_the_emergency_save_preemption_loses_work(
+    results: dict[str, ScenarioResult],
+) -> None:
+    result = results["preempt-no-save"]
+    lost = next(c for c in result.checks if c.name == "max_lost_steps")
+    assert not lost.passed and lost.figure == 2  # steps 11 and 12 redone from step 10
+    assert result.status == "failed" and failed(result) == {"max_lost_steps"}
+
+
+@pytest.mark.slow
+def test_a_preempted_run_resumes_from_its_emergency_checkpoint(
+    results: dict[str, ScenarioResult], out: Path
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        journal = read_journal(out / results["preempt"].run_dir)
+    (saved,) = [e for e in journal.of_kind("recovered") if e["action"] == "emergency_checkpoint"]
+    (loaded,) = journal.of_kind("checkpoint_loaded")
+    assert loaded["path"].endswith(f"step-{saved['details']['step']:08d}")
+    assert [e["count"] for e in journal.of_kind("restart")] == [1]
