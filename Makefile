@@ -42,11 +42,12 @@ browser:
 test: lint browser
 	$(BIN)/python -m pytest
 
-## bench: trainer throughput, checkpoint cost, suite wall time (benchmarks/results/*.json)
+## bench: trainer throughput, checkpoint cost, suite wall time, recovery time (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/suite_time.py
+	$(BIN)/python benchmarks/recovery.py
 
 clean:
 	rm -rf runs .tightrope-cache .mypy_cache .ruff_cache .pytest_cache
