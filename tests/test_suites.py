@@ -26,6 +26,8 @@ FRAGILE_FAILS = {
     "truncated-checkpoint": ("error", {"completed"}),
     # no dedup: the copies reach the model
     "duplicate-data": ("failed", {"max_contamination_consumed"}),
+    # no restarts: the lost process takes the job with it
+    "node-loss": ("error", {"detected", "completed", "mttr"}),
 }
 
 
@@ -45,12 +47,8 @@ def test_smoke_separates_the_reference_trainer_from_the_fragile_one(tmp_path: Pa
         r.name: [(c.name, c.figure, c.detail) for c in r.failed_checks] for r in robust.scenarios
     }
     assert robust.passed and robust.score == 100.0, report
-    assert {r.fault_class for r in robust.scenarios} == {
-        "numeric",
-        "loss_spike",
-        "checkpoint",
-        "data",
-    }
+    classes = {r.fault_class for r in robust.scenarios}
+    assert classes == {"numeric", "loss_spike", "checkpoint", "data", "process"}
 
     fragile = run(tmp_path, "fragile")
     outcome = {r.name: (r.status, {c.name for c in r.failed_checks}) for r in fragile.scenarios}
