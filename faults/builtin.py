@@ -5,5 +5,6 @@ from __future__ import annotations
 import faults.bitflip
 import faults.checkpoint
 import faults.data
+import faults.node
 import faults.numeric
 import faults.process  # noqa: F401

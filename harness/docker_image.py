@@ -179,8 +179,11 @@ def node_address(node: int) -> str:
     return str(ipaddress.IPv4Address("127.0.0.1") + node)
 
 
-def torchrun_node_argv(nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str) -> list[str]:
-    """The torchrun head of a node's command (c10d rendezvous at ``endpoint``)."""
+def torchrun_node_argv(
+    nnodes: int | str, nproc_per_node: int, endpoint: str, rdzv_id: str
+) -> list[str]:
+    """The torchrun head of a node's command (c10d rendezvous at ``endpoint``); ``nnodes``
+    may be a range, ``MIN:MAX``."""
     options = {
         "--nnodes": nnodes,
         "--nproc-per-node": nproc_per_node,

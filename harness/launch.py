@@ -64,10 +64,13 @@ def reference_command(
     stop_after: int | None = None,
     resume: bool = False,
     elastic: bool = False,
+    head: list[str] | None = None,
 ) -> list[str]:
     """The reference trainer's command line for ``spec``; under torchrun for several
-    ranks, or with ``elastic`` (process faults: a lost worker is restarted)."""
-    head = _torchrun(spec) if spec.world_size > 1 or elastic else [sys.executable]
+    ranks, or with ``elastic`` (process faults: a lost worker is restarted). ``head``
+    replaces the launcher part (a node's own torchrun)."""
+    if head is None:
+        head = _torchrun(spec) if spec.world_size > 1 or elastic else [sys.executable]
     argv = [*head, "-m", "reference_trainer", "--run-dir", str(run_dir)]
     argv += ["--steps", str(spec.steps), "--checkpoint-every", str(spec.checkpoint_every)]
     if resume:

@@ -104,6 +104,10 @@ def _launch_faulted(
     if spec.command is not None:
         argv = custom_command(spec, run_dir, plan)
         return run_process(argv, log=log, deadline=deadline, env=env, on_poll=poll)
+    if spec.launcher == "docker":
+        from harness.docker_launch import run_on_docker
+
+        return run_on_docker(scenario, run_dir, plan, log, deadline, poll)
     # A process fault needs torchrun even for one rank: it restarts what was lost.
     elastic = any(type(f).fault_class == "process" for f in scenario.faults)
     first = reference_command(spec, run_dir, plan, stop_after=spec.resume_after, elastic=elastic)
@@ -254,6 +258,10 @@ def run_suite(
         scenarios = [s for s in scenarios if s.name in set(select)]
     for s in scenarios:
         check_command(s.trainer)
+    if any(s.trainer.launcher == "docker" for s in scenarios):
+        from harness.docker_image import connect
+
+        connect().close()  # an engine that cannot be reached is refused before any run
     options.out_dir.mkdir(parents=True, exist_ok=True)
     started, clock = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.monotonic()
     title = f"{suite.name} ({options.preset or 'as written'})"

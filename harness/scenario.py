@@ -70,6 +70,18 @@ class TrainerSpec(_Model):
         "attach (`tightrope exec`). Placeholders: {run_dir}, {steps}, {seed}, {world_size}.",
     )
     world_size: int = Field(default=1, ge=1, le=64, description="Ranks (torchrun when > 1).")
+    launcher: Literal["local", "docker"] = Field(
+        default="local",
+        description="local: processes on this machine; docker: each node a container "
+        "running torchrun's agent (reference trainer only).",
+    )
+    nodes: int = Field(default=1, ge=1, le=16, description="Nodes (docker launcher).")
+    min_nodes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Elastic membership: the job goes on with as few as this many nodes "
+        "(torchrun --nnodes MIN:MAX); default: all of them.",
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32")
     steps: int = Field(default=40, ge=1, description="Step the run trains to.")
     seed: int = Field(default=0, description="Training seed, recorded with the result.")
@@ -121,6 +133,17 @@ class TrainerSpec(_Model):
             raise ValueError(
                 "disable and resume_after apply to the reference trainer, not to a command"
             )
+        if self.launcher == "docker":
+            if self.command is not None:
+                raise ValueError("launcher docker runs the reference trainer, not a command")
+            if self.world_size % self.nodes:
+                raise ValueError(
+                    f"world_size {self.world_size} does not split over {self.nodes} nodes"
+                )
+        elif self.nodes > 1 or self.min_nodes is not None:
+            raise ValueError("nodes and min_nodes need launcher: docker")
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"min_nodes {self.min_nodes} is more than nodes {self.nodes}")
         if self.resume_after is not None and self.resume_after >= self.steps:
             raise ValueError(f"resume_after {self.resume_after} must be before steps {self.steps}")
         if self.checkpoint_every > self.steps:
@@ -139,8 +162,10 @@ class TrainerSpec(_Model):
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same configuration (the baseline cache key's part)."""
-        # A stop and resume changes how the run is launched, not what it computes.
-        return self.model_dump(mode="json", exclude={"timeout", "resume_after"})
+        # How the run is launched (a stop and resume, containers) is not what it computes.
+        return self.model_dump(
+            mode="json", exclude={"timeout", "resume_after", "launcher", "nodes", "min_nodes"}
+        )
 
 
 class DetectedExpect(_Model):
@@ -248,6 +273,7 @@ class Scenario(_Model):
                     f"faults[{i}] ({fault.kind}) fires at step {first}, past trainer.steps "
                     f"{steps}: it would never fire"
                 )
+            self._check_node(i, fault)
             if (
                 isinstance(fault.ranks, list)
                 and fault.ranks
@@ -267,6 +293,23 @@ class Scenario(_Model):
         if detected is not None and detected is not False and not self.faults:
             raise ValueError("expect.detected needs a fault to detect; faults is empty")
         return self
+
+    def _check_node(self, i: int, fault: FaultSpec) -> None:
+        """A node fault must name a node the (Docker) trainer has."""
+        node = getattr(fault, "node", None)
+        if node is None:
+            return
+        trainer = self.trainer
+        if trainer.launcher != "docker":
+            raise ValueError(
+                f"faults[{i}] ({fault.kind}) targets node {node}, but node faults need "
+                "launcher: docker"
+            )
+        if node >= trainer.nodes:
+            raise ValueError(
+                f"faults[{i}] ({fault.kind}) targets node {node}, but the trainer has "
+                f"nodes 0..{trainer.nodes - 1}"
+            )
 
     @property
     def scored_class(self) -> str:

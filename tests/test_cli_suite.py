@@ -117,3 +117,20 @@ def test_run_report_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "resilience score 100.0 -> 50.0" in out and "REGRESSED" in out
     assert code(["compare", str(clean), str(clean)]) == 0
     assert code(["compare", str(clean), str(tmp_path / "nowhere")]) == 2
+
+
+def test_an_unreachable_docker_engine_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suite = tmp_path / "docker.yaml"
+    suite.write_text(
+        "scenarios:\n  - name: a\n"
+        "    trainer: {launcher: docker, nodes: 2, world_size: 2, min_nodes: 1}\n"
+        "    faults: [{kind: node_kill, at_step: 3, node: 1}]\n"
+        "    expect: {completed: true}\n"
+    )
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    assert code(["run", str(suite), "--scorecard", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the Docker engine at unix:///nonexistent/docker.sock" in err
+    assert not (tmp_path / "out" / "runs").exists()

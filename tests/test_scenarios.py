@@ -140,6 +140,22 @@ scenarios:
             "disable and resume_after apply to the reference trainer",
         ),
         ("{name: 'bad name!', expect: {completed: true}}", "scenarios[0].name: String should"),
+        (
+            "{name: a, trainer: {launcher: docker, nodes: 2, world_size: 2}, "
+            "faults: [{kind: node_kill, at_step: 3, node: 2}], expect: {completed: true}}",
+            "targets node 2, but the trainer has nodes 0..1",
+        ),
+        (
+            "{name: a, faults: [{kind: node_pause, at_step: 3, node: 0}], "
+            "expect: {completed: true}}",
+            "node faults need launcher: docker",
+        ),
+        (
+            "{name: a, trainer: {launcher: docker, nodes: 2, world_size: 3}, "
+            "expect: {completed: true}}",
+            "world_size 3 does not split over 2 nodes",
+        ),
+        ("{name: a, trainer: {nodes: 2}, expect: {completed: true}}", "need launcher: docker"),
     ],
 )
 def test_impossible_scenarios_are_refused(tmp_path: Path, scenario: str, expected: str) -> None:

@@ -1,0 +1,193 @@
+"""Launch a scenario on Docker nodes: one container per node, each running torchrun's agent.
+
+The nodes meet through c10d rendezvous on a store hosted by a small process of the
+harness, outside every node, so losing any node never takes the rendezvous with it.
+With ``min_nodes`` below ``nodes`` the job is elastic (``--nnodes MIN:MAX``): after a node
+is lost the others go on without it, and a node that comes back (``rejoin_after``) is
+admitted at the next rendezvous. Node faults (`faults.node`) are applied here, from
+outside the containers, when the run reaches their step (or time), and journaled as
+``fault_injected`` events. Each node's output goes into the run's ``trainer.log``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from faults.node import NodeFaultSpec, NodeKillSpec, NodePauseSpec, NodeStopSpec
+from harness.journal import JournalWriter
+from harness.launch import Launch, reference_command
+from harness.progress import StepFollower
+from harness.scenario import Scenario
+
+if TYPE_CHECKING:
+    from harness.docker_nodes import DockerCluster
+
+_STORE = (
+    "import sys, time\n"
+    "from torch.distributed import TCPStore\n"
+    "store = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(1e9)\n"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A node fault not yet applied, or an undo (rejoin, unpause) not yet due."""
+
+    spec: NodeFaultSpec
+    fired_at: float | None = None
+    undone: bool = False
+
+
+@dataclass(slots=True)
+class _Cluster:
+    """The nodes of one run and what is left to do to them."""
+
+    scenario: Scenario
+    run_dir: Path
+    plan: Path
+    run_id: str
+    endpoint: str
+    started: float = field(default_factory=time.monotonic)
+    pending: list[_Pending] = field(default_factory=list)
+    lost: set[int] = field(default_factory=set)
+    followers: list[StepFollower] = field(default_factory=list)
+
+    def argv(self, cluster_nodes: int) -> list[str]:
+        from harness.docker_image import torchrun_node_argv
+
+        spec = self.scenario.trainer
+        nnodes = f"{spec.min_nodes}:{spec.nodes}" if spec.min_nodes else str(spec.nodes)
+        head = torchrun_node_argv(
+            nnodes, spec.world_size // cluster_nodes, self.endpoint, self.run_id
+        )
+        head += ["--rdzv-conf", "is_host=false,last_call_timeout=5"]
+        head += ["--max-restarts", str(spec.restarts)]
+        return reference_command(spec, self.run_dir, self.plan, head=head)
+
+    def step(self) -> int:
+        """The furthest step any rank has reported."""
+        return max((f.poll() for f in self.followers), default=0)
+
+
+def run_on_docker(
+    scenario: Scenario,
+    run_dir: Path,
+    plan: Path,
+    log: Path,
+    deadline: float,
+    poll: Callable[[], None],
+) -> Launch:
+    """Run the scenario's trainer on Docker nodes until every node is done or the deadline."""
+    from harness.docker_nodes import DockerCluster
+    from harness.journal import journal_path
+
+    spec = scenario.trainer
+    port = _free_port()
+    store = subprocess.Popen(
+        [sys.executable, "-c", _STORE, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    began = time.monotonic()
+    state = _Cluster(scenario, run_dir, plan, f"{run_dir.name}-{port}", f"127.0.0.1:{port}")
+    state.pending = [_Pending(f) for f in scenario.faults if isinstance(f, NodeFaultSpec)]
+    state.followers = [StepFollower(journal_path(run_dir, r)) for r in range(spec.world_size)]
+    exit_codes: dict[int, int | None] = {}
+    timed_out = False
+    try:
+        assert store.stdout is not None
+        store.stdout.readline()  # "ready": the rendezvous store is listening
+        with DockerCluster(state.run_id, workdir=Path.cwd()) as cluster:
+            argv = state.argv(spec.nodes)
+            env = {"OMP_NUM_THREADS": "1"}
+            for node in range(spec.nodes):
+                cluster.start(node, argv, env, run_dir)
+            while True:
+                poll()
+                _drive_faults(state, cluster, argv, env)
+                statuses = {n: cluster.status(n) for n in range(spec.nodes)}
+                if all(s.state in ("exited", "dead") for s in statuses.values()) and not any(
+                    p.fired_at is not None and not p.undone and _undo_due(p) is not None
+                    for p in state.pending
+                ):
+                    exit_codes = {n: s.exit_code for n, s in statuses.items()}
+                    break
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.25)
+            with open(log, "a") as out:
+                for node in range(spec.nodes):
+                    out.write(f"==== node {node} ====\n{cluster.logs(node)}\n")
+    finally:
+        store.kill()
+        store.wait()
+    kept = [c for n, c in exit_codes.items() if n not in state.lost]
+    code = None if timed_out else max((c if c is not None else 1 for c in kept), default=1)
+    return Launch(code, timed_out, time.monotonic() - began)
+
+
+def _undo_due(p: _Pending) -> float | None:
+    """Seconds after firing at which the fault is undone (rejoin, unpause); None: never."""
+    spec = p.spec
+    if isinstance(spec, (NodeKillSpec, NodeStopSpec)):
+        return spec.rejoin_after
+    if isinstance(spec, NodePauseSpec):
+        return spec.resume_after
+    return None
+
+
+def _drive_faults(
+    state: _Cluster, cluster: DockerCluster, argv: list[str], env: dict[str, str]
+) -> None:
+    """Apply the node faults whose step or time has come; undo those whose time is up."""
+    from harness.docker_faults import node_fault
+
+    step = state.step()
+    now = time.monotonic()
+    for p in state.pending:
+        spec = p.spec
+        if p.fired_at is None:
+            by_time = spec.after_seconds is not None and now - state.started >= spec.after_seconds
+            due = by_time or (spec.at_step is not None and step >= spec.at_step)
+            if not due:
+                continue
+            grace = spec.grace_seconds if isinstance(spec, NodeStopSpec) else 10.0
+            record = node_fault(cluster, spec.action, spec.node, timeout=grace)  # type: ignore[arg-type]
+            p.fired_at = now
+            if spec.action in ("kill", "stop"):
+                state.lost.add(spec.node)
+            rank = spec.node * (state.scenario.trainer.world_size // state.scenario.trainer.nodes)
+            # Written as the node's first rank; the harness cannot know the attempt the
+            # trainer is in, so it records attempt 0.
+            with JournalWriter(state.run_dir, rank, restart=0) as journal:
+                journal.emit(
+                    "fault_injected",
+                    step,
+                    fault=spec.kind,
+                    target=f"node {spec.node}",
+                    details=dict(record),
+                )
+        elif not p.undone and (delay := _undo_due(p)) is not None and now - p.fired_at >= delay:
+            p.undone = True
+            if spec.action == "pause":
+                cluster.unpause(spec.node)
+            else:
+                cluster.start(spec.node, argv, env, state.run_dir)
+                state.lost.discard(spec.node)

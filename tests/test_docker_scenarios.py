@@ -1,0 +1,55 @@
+"""A node lost on Docker: the elastic job (--nnodes 1:2) goes on with the node that is left
+and completes; without restarts it cannot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.docker_errors import DockerUnavailable
+from harness.docker_image import connect
+from harness.results import ScenarioResult
+from harness.runner import RunOptions, run_suite
+from harness.suite_loader import load_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine() -> None:
+    try:
+        connect().close()
+    except DockerUnavailable as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+
+
+def run(tmp_path: Path, disable: list[str]) -> ScenarioResult:
+    suite = load_suite(ROOT / "scenarios" / "core.yaml")
+    (scenario,) = [s for s in suite.scenarios if s.name == "docker-node-kill"]
+    trainer = scenario.trainer.model_copy(update={"disable": disable})
+    suite = suite.model_copy(
+        update={"scenarios": [scenario.model_copy(update={"trainer": trainer})]}
+    )
+    options = RunOptions(out_dir=tmp_path, cache_dir=tmp_path / "cache", cores=2)
+    (result,) = run_suite(suite, options, progress=False).scenarios
+    return result
+
+
+def test_the_elastic_job_goes_on_without_the_lost_node(tmp_path: Path) -> None:
+    result = run(tmp_path, [])
+    assert result.status == "passed", [(c.name, c.figure, c.detail) for c in result.checks]
+    log = (tmp_path / result.run_dir / "trainer.log").read_text()
+    assert "==== node 0 ====" in log and "==== node 1 ====" in log
+    assert "1 rank(s)" in log  # the restarted job trained on the remaining node alone
+
+
+def test_without_restarts_the_lost_node_ends_the_job(tmp_path: Path) -> None:
+    result = run(tmp_path, ["restarts"])
+    assert result.status == "error"
+    assert {c.name for c in result.failed_checks} >= {"completed", "mttr"}
