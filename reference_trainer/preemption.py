@@ -17,6 +17,8 @@ import time
 from types import FrameType
 from typing import Any
 
+from harness.agent import Agent
+
 #: Exit status of a rank that stopped for a preemption (128 + SIGTERM, as shells report it).
 EXIT_PREEMPTED = 143
 
@@ -48,3 +50,17 @@ class Preemption:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.received_at is None:
             self.received_at = time.monotonic()
+
+
+def journal_preemption(agent: Agent, preemption: Preemption, step: int) -> str:
+    """Journal a preemption and its emergency checkpoint; the run's end reason."""
+    since = preemption.received_at
+    waited = time.monotonic() - since if since is not None else None
+    here = "here" if preemption.requested else "on another rank"
+    agent.claim("detected", detector="preemption", details={"signal": "SIGTERM", "received": here})
+    agent.claim(
+        "recovered",
+        action="emergency_checkpoint",
+        details={"step": step, "seconds_after_signal": waited},
+    )
+    return f"preempted (SIGTERM): emergency checkpoint at step {step}"

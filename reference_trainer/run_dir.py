@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
-from harness.journal import JOURNAL_DIR
+from harness.journal import JOURNAL_DIR, read_journal
 from reference_trainer.checkpoint import checkpoint_root, latest_checkpoint
 from reference_trainer.errors import RunDirError
 
@@ -29,3 +30,13 @@ def check_resumable(run_dir: Path) -> Path:
     if latest is None:
         raise RunDirError(f"--resume: {run_dir} holds no checkpoint to resume from")
     return latest
+
+
+def lost_ranks(run_dir: Path, attempt: int) -> list[int]:
+    """Ranks whose process in ``attempt`` started but never ended on its own (killed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a killed writer leaves a torn last line
+        events = [e for e in read_journal(run_dir) if e.restart == attempt]
+    started = {e.rank for e in events if e.kind == "run_start"}
+    ended = {e.rank for e in events if e.kind == "run_end"}
+    return sorted(started - ended)

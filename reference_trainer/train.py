@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import random
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from faults import FaultPlan
 from harness.agent import Agent
-from harness.journal import read_journal
 from reference_trainer import checkpoint as ckpt
 from reference_trainer import distributed
 from reference_trainer.checkpointing import CheckpointManager
@@ -33,9 +31,9 @@ from reference_trainer.model import GPT, Block
 from reference_trainer.optim import build_optimizer, peak_lr
 from reference_trainer.precision import Precision
 from reference_trainer.precision_switch import ActivationMonitor
-from reference_trainer.preemption import Preemption
+from reference_trainer.preemption import Preemption, journal_preemption
 from reference_trainer.recovery import Decision, Failure, RecoveryPolicy
-from reference_trainer.run_dir import check_fresh, check_resumable
+from reference_trainer.run_dir import check_fresh, check_resumable, lost_ranks
 from reference_trainer.step import Trainer
 from reference_trainer.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from reference_trainer.watchdog import Heartbeat
@@ -158,16 +156,6 @@ def train(
         return Run(cfg, run_dir, topo, plan or FaultPlan()).execute(resume, stop_after or cfg.steps)
     finally:
         distributed.shutdown(topo)
-
-
-def lost_ranks(run_dir: Path, attempt: int) -> list[int]:
-    """Ranks whose process in ``attempt`` started but never ended on its own (killed)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a killed writer leaves a torn last line
-        events = [e for e in read_journal(run_dir) if e.restart == attempt]
-    started = {e.rank for e in events if e.kind == "run_start"}
-    ended = {e.rank for e in events if e.kind == "run_end"}
-    return sorted(started - ended)
 
 
 class Run:
@@ -321,7 +309,9 @@ class Run:
             if result.preempted:
                 # No rank exits before the emergency checkpoint is durable on rank 0.
                 distributed.barrier(self.topo)
-                return step, loss, "preempted", self._preempted(step)
+                reason = journal_preemption(self.agent, self.preemption, step)
+                _print(self.topo, f"preempted: emergency checkpoint at step {step}, exiting")
+                return step, loss, "preempted", reason
             agent.end_step()
             self._beat(step)
             if step % cfg.log_every == 0 or step == last:
@@ -340,22 +330,6 @@ class Run:
     def _beat(self, step: int) -> None:
         if self.heartbeat is not None:
             self.heartbeat.beat(step)
-
-    def _preempted(self, step: int) -> str:
-        """Journal the emergency checkpoint of a preemption; the run's end reason."""
-        since = self.preemption.received_at
-        waited = time.monotonic() - since if since is not None else None
-        here = "here" if self.preemption.requested else "on another rank"
-        self.agent.claim(
-            "detected", detector="preemption", details={"signal": "SIGTERM", "received": here}
-        )
-        self.agent.claim(
-            "recovered",
-            action="emergency_checkpoint",
-            details={"step": step, "seconds_after_signal": waited},
-        )
-        _print(self.topo, f"preempted: emergency checkpoint at step {step}, exiting")
-        return f"preempted (SIGTERM): emergency checkpoint at step {step}"
 
     def _failure(self, step: int, skipped: bool, loss: float) -> Failure | None:
         """What, if anything, this step's evidence says went wrong."""
