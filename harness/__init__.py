@@ -1,5 +1,5 @@
-"""tightrope's harness: the journal, the agent (attach, exec, live control) and, to come, scenarios,
-oracles and scorecards."""
+"""tightrope's harness: the journal, the agent (attach, exec, live control), scenario suites, the
+runner (local processes or Docker nodes), oracles, scoring and scorecards."""
 
 from __future__ import annotations
 
