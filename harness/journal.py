@@ -29,7 +29,8 @@ from harness.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION, f
 
 JOURNAL_DIR = "journal"
 _FILE_PATTERN = re.compile(r"rank-(\d+)\.jsonl")
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+#: How a non-finite float is written, and read back.
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 class TornLineWarning(UserWarning):
@@ -41,14 +42,14 @@ def journal_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / JOURNAL_DIR / f"rank-{rank}.jsonl"
 
 
-def _encode(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Make a value JSON-safe: non-finite floats become strings, tuples become lists."""
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, Mapping):
-        return {str(k): _encode(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -88,7 +89,7 @@ class JournalWriter:
             "step": step,
         }
         record.update(fields)
-        line = json.dumps(_encode(record), separators=(",", ":"), allow_nan=False)
+        line = json.dumps(json_safe(record), separators=(",", ":"), allow_nan=False)
         with self._lock:
             if self._file.closed:
                 raise JournalError(f"journal {self.path} is closed; cannot write {kind!r}")
@@ -173,8 +174,8 @@ def _decode_line(raw: str, path: Path, lineno: int) -> Event:
         if name in COMMON_FIELDS:
             continue
         spec = field_spec(kind, name)
-        if spec is not None and spec.type == "float" and value in _NONFINITE:
-            value = _NONFINITE[value]
+        if spec is not None and spec.type == "float" and value in NONFINITE:
+            value = NONFINITE[value]
         own[name] = value
     return Event(
         kind=kind,

@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.journal import NONFINITE, json_safe
 from harness.results import ScorecardError, SuiteResult
 
 SCORECARD_JSON = "scorecard.json"
 
-# The journal's convention, kept here so one reader understands both files.
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def _encode(value: Any) -> Any:
-    # JSON has no NaN or infinity and most readers reject them; a NaN is exactly the
-    # figure a failed numeric check tends to carry, so it must survive as a string.
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, Mapping):
-        return {str(k): _encode(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
-    return value
-
-
 def _decode_figure(value: Any) -> Any:
-    return _NONFINITE.get(value, value) if isinstance(value, str) else value
+    return NONFINITE.get(value, value) if isinstance(value, str) else value
 
 
 def _decode_checks(data: Any) -> Any:
@@ -54,7 +37,7 @@ def dumps_scorecard(result: SuiteResult) -> str:
     """scorecard.json's text: `SuiteResult.to_dict`, indented, non-finite floats as strings."""
     # default=str: a stray Path or enum in a scenario's spec must not cost the whole
     # scorecard at the end of a long suite.
-    return json.dumps(_encode(result.to_dict()), indent=2, allow_nan=False, default=str) + "\n"
+    return json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False, default=str) + "\n"
 
 
 def scorecard_json_path(path: str | os.PathLike[str]) -> Path:
