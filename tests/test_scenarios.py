@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.keywords import KeywordError, keyword_match
+from harness.scenario import TrainerSpec
 from harness.scenario_schema import suite_schema
 from harness.suite_loader import ScenarioError, load_suite, parse_suite
 
@@ -89,8 +90,7 @@ scenarios:
         f"{path}:12: scenarios[1].trainer.precision: Input should be 'fp32', 'bf16' or 'fp16' "
         "(got 'fp8')",
         f"{path}:12: scenarios[1].trainer.stepz: unknown trainer field 'stepz'; expected one of "
-        "preset, model, command, world_size, precision, steps, seed, checkpoint_every, "
-        "batch_size, resume_after, disable, timeout, env",
+        f"{', '.join(TrainerSpec.model_fields)}",
         f"{path}:15: scenarios[1].expect.max_lost_steps: Input should be greater than or equal "
         "to 0 (got -1)",
         f"{path}:14: scenarios[1].expect.detectd: unknown check 'detectd'; expected one of "
