@@ -12,6 +12,7 @@ from harness.results import ScorecardError, SuiteResult
 
 SCORECARD_JSON = "scorecard.json"
 
+
 def _decode_figure(value: Any) -> Any:
     return NONFINITE.get(value, value) if isinstance(value, str) else value
 
