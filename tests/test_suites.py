@@ -10,6 +10,7 @@ import pytest
 from harness.results import SuiteResult
 from harness.runner import RunOptions, run_suite
 from harness.scorecard import load_scorecard, write_scorecards
+from harness.scorecard.compare import compare, render_comparison
 from harness.suite_loader import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,11 @@ def test_smoke_separates_the_reference_trainer_from_the_fragile_one(tmp_path: Pa
     assert not fragile.passed and fragile.score < 60
     crashed = next(r for r in fragile.scenarios if r.status == "error")
     assert "state.pt" in crashed.log_tail  # the report carries the trainer's last words
+
+    # Side by side, as the demo prints them: every class dropped, each broken check named.
+    text = render_comparison(compare(robust, fragile))
+    assert "| fault class | reference | fragile |" in text and "verdict: REGRESSED" in text
+    assert "max_contamination_consumed" in text and "params_finite" in text
 
     # Both scorecards load back with the same verdicts.
     again = load_scorecard(tmp_path / "fragile")

@@ -56,6 +56,8 @@ class Comparison:
     new_score: float
     #: Fault class -> (old, new) resilience score; None where a side has no such class.
     class_scores: dict[str, tuple[float | None, float | None]]
+    #: Column names of the two sides: their presets when those differ, else old and new.
+    labels: tuple[str, str] = ("old", "new")
     regressions: list[ScenarioChange] = field(default_factory=list)
     improvements: list[ScenarioChange] = field(default_factory=list)
     broken_checks: list[CheckChange] = field(default_factory=list)
@@ -108,6 +110,7 @@ def compare(old: SuiteResult, new: SuiteResult) -> Comparison:
         old_score=old.score,
         new_score=new.score,
         class_scores={c: (old_classes.get(c), new_classes.get(c)) for c in classes},
+        labels=(old.preset, new.preset) if old.preset != new.preset else ("old", "new"),
     )
     before = {r.name: r for r in old.scenarios}
     names_now = {r.name for r in new.scenarios}
@@ -172,7 +175,7 @@ def _scenario_rows(changes: list[ScenarioChange]) -> list[str]:
     return _table(["scenario", "fault class", "status", "score"], rows, {3})
 
 
-def _check_rows(changes: list[CheckChange]) -> list[str]:
+def _check_rows(changes: list[CheckChange], labels: tuple[str, str]) -> list[str]:
     rows = [
         [
             c.scenario,
@@ -183,7 +186,8 @@ def _check_rows(changes: list[CheckChange]) -> list[str]:
         ]
         for c in changes
     ]
-    return _table(["scenario", "check", "old figure", "new figure", "expected"], rows, {2, 3})
+    heads = [f"{labels[0]} figure", f"{labels[1]} figure"]
+    return _table(["scenario", "check", *heads, "expected"], rows, {2, 3})
 
 
 def render_comparison(c: Comparison) -> str:
@@ -203,12 +207,12 @@ def render_comparison(c: Comparison) -> str:
         [name, _score(o), _score(n), "" if o is None or n is None else _signed(n - o)]
         for name, (o, n) in c.class_scores.items()
     ]
-    lines += ["", *_table(["fault class", "old", "new", "delta"], rows, {1, 2, 3})]
+    lines += ["", *_table(["fault class", *c.labels, "delta"], rows, {1, 2, 3})]
     sections: list[tuple[str, list[str]]] = [
         (f"Regressed scenarios ({len(c.regressions)})", _scenario_rows(c.regressions)),
-        (f"Checks that now fail ({len(c.broken_checks)})", _check_rows(c.broken_checks)),
+        (f"Checks that now fail ({len(c.broken_checks)})", _check_rows(c.broken_checks, c.labels)),
         (f"Improved scenarios ({len(c.improvements)})", _scenario_rows(c.improvements)),
-        (f"Checks that now pass ({len(c.fixed_checks)})", _check_rows(c.fixed_checks)),
+        (f"Checks that now pass ({len(c.fixed_checks)})", _check_rows(c.fixed_checks, c.labels)),
     ]
     for heading, table in sections:
         if len(table) > 2:
