@@ -115,7 +115,7 @@ def run_on_docker(
         store.stdout.readline()  # "ready": the rendezvous store is listening
         with DockerCluster(state.run_id, workdir=Path.cwd()) as cluster:
             argv = state.argv(spec.nodes)
-            env = {"OMP_NUM_THREADS": "1"}
+            env = {"OMP_NUM_THREADS": "1", **spec.env}
             for node in range(spec.nodes):
                 cluster.start(node, argv, env, run_dir)
             while True:
