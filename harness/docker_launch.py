@@ -65,6 +65,7 @@ class _Cluster:
     started: float = field(default_factory=time.monotonic)
     pending: list[_Pending] = field(default_factory=list)
     lost: set[int] = field(default_factory=set)
+    incarnations: dict[int, int] = field(default_factory=dict)
     followers: list[StepFollower] = field(default_factory=list)
 
     def argv(self, cluster_nodes: int) -> list[str]:
@@ -115,7 +116,11 @@ def run_on_docker(
         store.stdout.readline()  # "ready": the rendezvous store is listening
         with DockerCluster(state.run_id, workdir=Path.cwd()) as cluster:
             argv = state.argv(spec.nodes)
-            env = {"OMP_NUM_THREADS": "1", **spec.env}
+            # torchrun shares a TCP store hosted by the rank-0 agent and remembers its
+            # address from the first round; an agent that joins a later round (a node
+            # that came back) would wait forever for an address nobody writes again.
+            # Without sharing, every round publishes it.
+            env = {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **spec.env}
             for node in range(spec.nodes):
                 cluster.start(node, argv, env, run_dir)
             while True:
@@ -189,5 +194,10 @@ def _drive_faults(
             if spec.action == "pause":
                 cluster.unpause(spec.node)
             else:
-                cluster.start(spec.node, argv, env, state.run_dir)
+                # torchrun tells nodes apart by address and pid, and pid 1 is the same in
+                # every container: a node that comes back takes an address of its own, or
+                # the rendezvous could take it for the one that died.
+                state.incarnations[spec.node] = state.incarnations.get(spec.node, 0) + 1
+                address = f"127.0.{state.incarnations[spec.node]}.{spec.node + 1}"
+                cluster.start(spec.node, argv, env | {"PET_LOCAL_ADDR": address}, state.run_dir)
                 state.lost.discard(spec.node)

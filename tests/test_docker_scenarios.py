@@ -1,5 +1,5 @@
 """A node lost on Docker: the elastic job (--nnodes 1:2) goes on with the node that is left
-and completes; without restarts it cannot."""
+and completes; without restarts it cannot; a node that comes back joins again."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 
 from harness.docker_errors import DockerUnavailable
 from harness.docker_image import connect
+from harness.journal import read_journal
 from harness.results import ScenarioResult
 from harness.runner import RunOptions, run_suite
-from harness.suite_loader import load_suite
+from harness.suite_loader import load_suite, parse_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,3 +54,36 @@ def test_without_restarts_the_lost_node_ends_the_job(tmp_path: Path) -> None:
     result = run(tmp_path, ["restarts"])
     assert result.status == "error"
     assert {c.name for c in result.failed_checks} >= {"completed", "mttr"}
+
+
+def test_a_node_that_comes_back_joins_the_job_again(tmp_path: Path) -> None:
+    suite = parse_suite(
+        {
+            "scenarios": [
+                {
+                    "name": "rejoin",
+                    "trainer": {
+                        "launcher": "docker",
+                        "nodes": 2,
+                        "min_nodes": 1,
+                        "world_size": 2,
+                        "steps": 600,
+                        "checkpoint_every": 20,
+                        "timeout": 300,
+                    },
+                    "faults": [{"kind": "node_kill", "at_step": 15, "node": 1, "rejoin_after": 20}],
+                    "expect": {"completed": True, "mttr": {"max_seconds": 90}},
+                }
+            ]
+        },
+        "<test>",
+    )
+    options = RunOptions(out_dir=tmp_path, cache_dir=tmp_path / "cache", cores=2)
+    (result,) = run_suite(suite, options, progress=False).scenarios
+    assert result.status == "passed", [(c.name, c.figure, c.detail) for c in result.checks]
+    journal = read_journal(tmp_path / result.run_dir)
+    sizes = [e["world_size"] for e in journal.of_kind("run_start") if e.rank == 0]
+    # Two ranks, then the survivor alone, then both again once the node is back.
+    assert sizes == [2, 1, 2], sizes
+    ends = [e for e in journal.of_kind("run_end") if e["status"] == "completed"]
+    assert sorted(e.rank for e in ends) == [0, 1] and {e.step for e in ends} == {600}
