@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from faults.node import NodeFaultSpec, NodeKillSpec, NodePauseSpec, NodeStopSpec
 from harness.journal import JournalWriter
-from harness.launch import Launch, reference_command
+from harness.launch import Launch, LaunchError, reference_command
 from harness.progress import StepFollower
 from harness.scenario import Scenario
 
@@ -68,14 +68,13 @@ class _Cluster:
     incarnations: dict[int, int] = field(default_factory=dict)
     followers: list[StepFollower] = field(default_factory=list)
 
-    def argv(self, cluster_nodes: int) -> list[str]:
+    def argv(self) -> list[str]:
+        """Every node's command: its torchrun agent, then the reference trainer."""
         from harness.docker_image import torchrun_node_argv
 
         spec = self.scenario.trainer
         nnodes = f"{spec.min_nodes}:{spec.nodes}" if spec.min_nodes else str(spec.nodes)
-        head = torchrun_node_argv(
-            nnodes, spec.world_size // cluster_nodes, self.endpoint, self.run_id
-        )
+        head = torchrun_node_argv(nnodes, spec.world_size // spec.nodes, self.endpoint, self.run_id)
         head += ["--rdzv-conf", "is_host=false,last_call_timeout=5"]
         head += ["--max-restarts", str(spec.restarts)]
         return reference_command(spec, self.run_dir, self.plan, head=head)
@@ -113,9 +112,10 @@ def run_on_docker(
     timed_out = False
     try:
         assert store.stdout is not None
-        store.stdout.readline()  # "ready": the rendezvous store is listening
+        if store.stdout.readline().strip() != b"ready":
+            raise LaunchError(f"the rendezvous store on port {port} did not start")
         with DockerCluster(state.run_id, workdir=Path.cwd()) as cluster:
-            argv = state.argv(spec.nodes)
+            argv = state.argv()
             # torchrun shares a TCP store hosted by the rank-0 agent and remembers its
             # address from the first round; an agent that joins a later round (a node
             # that came back) would wait forever for an address nobody writes again.

@@ -83,7 +83,9 @@ def test_a_node_that_comes_back_joins_the_job_again(tmp_path: Path) -> None:
     assert result.status == "passed", [(c.name, c.figure, c.detail) for c in result.checks]
     journal = read_journal(tmp_path / result.run_dir)
     sizes = [e["world_size"] for e in journal.of_kind("run_start") if e.rank == 0]
-    # Two ranks, then the survivor alone, then both again once the node is back.
-    assert sizes == [2, 1, 2], sizes
+    # Two ranks, then (when the survivor re-formed before the node was back) the survivor
+    # alone, then both again: which of the two orders happens depends on the machine.
+    assert sizes in ([2, 1, 2], [2, 2]), sizes
+    assert journal.of_kind("restart")  # the job went through a new rendezvous
     ends = [e for e in journal.of_kind("run_end") if e["status"] == "completed"]
     assert sorted(e.rank for e in ends) == [0, 1] and {e.step for e in ends} == {600}
