@@ -29,27 +29,29 @@ class NodeFaultSpec(FaultSpec):
     node: int = Field(ge=0, description="The node (container) hit, 0-based.")
 
 
-class NodeKillSpec(NodeFaultSpec):
-    """SIGKILL a node's container (machine lost)."""
+class LosingNodeSpec(NodeFaultSpec):
+    """Fields of the kinds that take a node away (it may come back)."""
 
-    kind: Literal["node_kill"] = "node_kill"
-    description: ClassVar[str] = "Kill a node's container (machine lost); Docker launcher only."
-    action: ClassVar[str] = "kill"
     rejoin_after: float | None = Field(
         default=None, gt=0, description="Start the node again after this many seconds."
     )
 
 
-class NodeStopSpec(NodeFaultSpec):
+class NodeKillSpec(LosingNodeSpec):
+    """SIGKILL a node's container (machine lost)."""
+
+    kind: Literal["node_kill"] = "node_kill"
+    description: ClassVar[str] = "Kill a node's container (machine lost); Docker launcher only."
+    action: ClassVar[str] = "kill"
+
+
+class NodeStopSpec(LosingNodeSpec):
     """Stop a node's container: SIGTERM, then SIGKILL after ``grace_seconds`` (drained host)."""
 
     kind: Literal["node_stop"] = "node_stop"
     description: ClassVar[str] = "Stop a node's container (SIGTERM, then SIGKILL); Docker only."
     action: ClassVar[str] = "stop"
     grace_seconds: float = Field(default=10.0, ge=0, description="Seconds before SIGKILL.")
-    rejoin_after: float | None = Field(
-        default=None, gt=0, description="Start the node again after this many seconds."
-    )
 
 
 class NodePauseSpec(NodeFaultSpec):

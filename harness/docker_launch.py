@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from faults.node import NodeFaultSpec, NodeKillSpec, NodePauseSpec, NodeStopSpec
+from faults.node import LosingNodeSpec, NodeFaultSpec, NodePauseSpec, NodeStopSpec
 from harness.journal import JournalWriter
 from harness.launch import Launch, LaunchError, reference_command
 from harness.progress import StepFollower
@@ -151,7 +151,7 @@ def run_on_docker(
 def _undo_due(p: _Pending) -> float | None:
     """Seconds after firing at which the fault is undone (rejoin, unpause); None: never."""
     spec = p.spec
-    if isinstance(spec, (NodeKillSpec, NodeStopSpec)):
+    if isinstance(spec, LosingNodeSpec):
         return spec.rejoin_after
     if isinstance(spec, NodePauseSpec):
         return spec.resume_after
