@@ -167,19 +167,24 @@ def _summary(args: argparse.Namespace) -> int:
     for w in caught:
         print(f"tightrope: warning: {w.message}", file=sys.stderr)
     target = f"/{result.target_steps}" if result.target_steps else ""
+    print(f"verdict: {result.verdict()}")
     print(f"run        {args.run_dir}")
-    print(f"status     {result.status} at step {result.steps}{target}")
+    status = result.status or "no run_end (killed or still running)"
+    print(f"status     {status} at step {result.end_step}{target}")
     print(f"ranks      {result.ranks}   restarts {result.restarts}")
+    if result.restarts:
+        print(
+            f"attempts   {result.attempts}, highest step {result.steps}, "
+            f"{result.steps_redone} steps redone"
+        )
     print(f"checkpts   {result.checkpoints_saved} saved, {result.checkpoints_loaded} loaded")
     if result.median_step_time is not None:
-        tps = result.tokens_per_second or 0.0
-        print(
-            f"speed      {result.median_step_time * 1e3:.1f} ms/step (median), {tps:,.0f} tokens/s"
-        )
+        tps = result.tokens_per_second
+        speed = f", {tps:,.0f} tokens/s" if tps is not None else ""
+        print(f"speed      {result.median_step_time * 1e3:.1f} ms/step (median){speed}")
     if result.loss_by_step:
         print("loss       " + "  ".join(f"{s}: {v:.3f}" for s, v in result.loss_milestones()))
-        first, last = result.loss_by_step[0][1], result.loss_by_step[-1][1]
-        print(f"           {last / first:.2f} of the first step's loss at the last step")
+        print(f"           {result.loss_change()}")
     return 0
 
 
