@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     execute.add_argument("--run-dir", type=Path, required=True, metavar="RUN_DIR")
     execute.add_argument("--plan", type=Path, metavar="PLAN", help="fault plan (YAML)")
+    execute.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="kill the command's whole process group after SECONDS and exit 124",
+    )
     execute.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     execute.set_defaults(handler=_exec)
     add_suite_commands(commands)
@@ -78,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _exec(args: argparse.Namespace) -> int:
     from harness.exec import run_command
 
-    run_command(args.command, run_dir=args.run_dir, plan=args.plan)
+    return run_command(args.command, run_dir=args.run_dir, plan=args.plan, timeout=args.timeout)
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:

@@ -19,12 +19,16 @@ after the program imports torch. `bootstrap` installs PyTorch's global hooks:
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,6 +51,7 @@ from harness.attach import (
 )
 from harness.errors import TightropeError
 from harness.journal import JOURNAL_DIR
+from harness.process_tree import kill_tree
 
 ENV_RUN_DIR = "TIGHTROPE_RUN_DIR"
 ENV_PLAN = "TIGHTROPE_PLAN"
@@ -92,13 +97,60 @@ def check(command: Sequence[str], run_dir: Path, plan: Path | None) -> list[str]
     return command
 
 
-def run_command(command: Sequence[str], *, run_dir: Path, plan: Path | None) -> NoReturn:
-    """Check the input, then become the command with the agent's bootstrap in its way."""
+def run_command(
+    command: Sequence[str], *, run_dir: Path, plan: Path | None, timeout: float | None = None
+) -> int:
+    """Check the input, then run the command with the agent's bootstrap in its way.
+
+    Without ``timeout``, become the command (its pid and exit code). With it, run the
+    command in its own session, forward SIGTERM/SIGINT to its process group, and at the
+    deadline kill the whole group and every process below the command (SIGKILL) and return
+    124; otherwise return the command's exit code (128 + N when signal N ended it, as a
+    shell reports it).
+    """
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ExecError(f"--timeout must be a number of seconds greater than 0, got {timeout:g}")
     argv = check(command, run_dir, plan)
     env = child_env(os.environ, run_dir, plan)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(argv[0], argv, env)
+    if timeout is None:
+        os.execvpe(argv[0], argv, env)
+    # Signals that reach exec go to the command's group; one arriving before the command
+    # exists waits for it rather than being lost.
+    procs: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []
+
+    def signal_group(signum: int) -> None:
+        for proc in procs:
+            if proc.returncode is None:  # a reaped pid may already name another group
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signum)
+        if not procs:
+            pending.append(signum)
+
+    forwarded = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda n, _f: signal_group(n)) for sig in forwarded}
+    try:
+        # Its own session: a kill of its group reaches every process it started, not ours.
+        procs.append(subprocess.Popen(argv, env=env, start_new_session=True))
+        for signum in pending:
+            signal_group(signum)
+        try:
+            code = procs[0].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(procs[0].pid)  # its group, and torchrun's workers in their own sessions
+            procs[0].wait()
+            print(
+                f"tightrope exec: timed out after {timeout:g} s; killed the command",
+                file=sys.stderr,
+            )
+            return 124
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
 
 
 # -- inside the command's processes --------------------------------------------------------
