@@ -2,11 +2,11 @@
 
 ``pytest scenarios/`` collects every suite file (a YAML file with a top-level
 ``scenarios:`` list) as one item per scenario; an item fails when any of its checks
-fails, and the failure lists those checks with their figures. Options, in the
-``tightrope`` group: ``--tightrope-scorecard DIR`` (write the scorecards there),
-``--tightrope-trainer CMD``, ``--tightrope-preset NAME`` and ``--tightrope-min-score N``
-(the session fails below it). The ``tightrope_run`` fixture runs a scenario written in
-Python and returns its `ScenarioResult`.
+fails or could not be judged, and the failure lists those checks with their figures.
+Options, in the ``tightrope`` group: ``--tightrope-scorecard DIR`` (write the
+scorecards there), ``--tightrope-trainer CMD``, ``--tightrope-preset NAME`` and
+``--tightrope-min-score N`` (the session fails below it). The ``tightrope_run`` fixture
+runs a scenario written in Python and returns its `ScenarioResult`.
 
 Nothing heavy is imported until a suite is collected, so installing tightrope leaves
 other test suites untouched.
@@ -191,14 +191,15 @@ class ScenarioItem(pytest.Item):
 
 
 def describe_failure(result: ScenarioResult) -> str:
-    """A failed or errored scenario in a few plain lines."""
+    """A failed or errored scenario in a few plain lines, not-judged checks labelled."""
     from harness.terminal_report import describe_check
 
     lines = [f"scenario {result.name} {result.status} (score {result.score * 100:.0f}/100)"]
     if result.error:
         lines.append(f"error: {result.error}")
+    # A check with no evidence fails too, and says so: "FAILED mttr: not judged (...)".
     lines += [f"  FAILED {describe_check(c)}: {c.detail}" for c in result.failed_checks]
-    passed = [c.name for c in result.checks if c.passed]
+    passed = [c.name for c in result.checks if c.status == "passed"]
     if passed:
         lines.append(f"  passed: {', '.join(passed)}")
     if result.log_tail:

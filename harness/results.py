@@ -1,7 +1,8 @@
 """Results and scoring: a scenario's checks make its score; weighted scores make the suite's.
 
-A scenario's score is the share of its checks that passed (0 to 1); an errored run (a
-crash, a timeout, a trainer that could not start) scores 0 whatever its checks say. The
+A scenario's score is the share of its checks that passed (0 to 1); a check that was not
+judged (no evidence either way) counts as failed, and an errored run (a crash, a timeout,
+a trainer that could not start) scores 0 whatever its checks say. The
 resilience score of a suite, overall or per fault class, is
 ``100 * sum(weight * score) / sum(weight)``: 0 to 100, never above.
 
@@ -53,22 +54,28 @@ class ScenarioResult:
 
     @property
     def status(self) -> Status:
-        """passed, failed (some check failed) or error (the run could not be judged)."""
+        """passed, failed (some check failed or was not judged) or error (the run could not
+        be judged)."""
         if self.error is not None:
             return "error"
-        return "passed" if all(c.passed for c in self.checks) else "failed"
+        return "passed" if all(c.status == "passed" for c in self.checks) else "failed"
 
     @property
     def score(self) -> float:
-        """Share of checks passed, 0 to 1; 0 for an errored run."""
+        """Share of checks passed, 0 to 1; not judged counts as failed; 0 when errored."""
         if self.error is not None or not self.checks:
             return 0.0
-        return sum(c.passed for c in self.checks) / len(self.checks)
+        return sum(c.status == "passed" for c in self.checks) / len(self.checks)
 
     @property
     def failed_checks(self) -> list[Check]:
-        """The checks that failed, in the order they were judged."""
-        return [c for c in self.checks if not c.passed]
+        """The checks that did not pass, not judged ones included, in the order judged."""
+        return [c for c in self.checks if c.status != "passed"]
+
+    @property
+    def unjudged_checks(self) -> list[Check]:
+        """The checks that were not judged (no evidence), in the order judged."""
+        return [c for c in self.checks if c.status == "not judged"]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for scorecard.json."""

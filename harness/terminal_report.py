@@ -14,8 +14,11 @@ _ERROR_CHARS = 300
 
 
 def describe_check(check: Check) -> str:
-    """``detected: 3 steps (expected <= 1 steps)``: the figure with its unit and the bound."""
-    if check.figure is None:
+    """``detected: 3 steps (expected <= 1 steps)``: the figure with its unit and the bound;
+    ``mttr: not judged (expected ...)`` for a check there was no evidence for."""
+    if not check.judged:
+        figure = "not judged"
+    elif check.figure is None:
         figure = "not observed"
     else:
         figure = f"{check.figure}" + (f" {check.unit}" if check.unit else "")
@@ -23,18 +26,20 @@ def describe_check(check: Check) -> str:
 
 
 def print_results(result: SuiteResult, console: Console) -> None:
-    """One row per scenario, the failed checks with their figures, then the scores."""
+    """One row per scenario, the failed and not-judged checks with their figures, then the
+    scores."""
     table = Table(title=f"{result.suite} · preset {result.preset}", title_justify="left")
     for column in ("scenario", "class", "status", "score", "checks", "time"):
         table.add_column(column, no_wrap=True)
     for r in result.scenarios:
-        passed = sum(c.passed for c in r.checks)
+        passed = sum(c.status == "passed" for c in r.checks)
+        unjudged = len(r.unjudged_checks)
         table.add_row(
             r.name,
             r.fault_class,
             _STATUS[r.status],
             f"{r.score * 100:.0f}",
-            f"{passed}/{len(r.checks)}",
+            f"{passed}/{len(r.checks)}" + (f" ({unjudged} not judged)" if unjudged else ""),
             f"{r.seconds:.1f}s",
         )
     console.print(table)

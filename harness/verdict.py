@@ -9,17 +9,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from harness.journal import Journal
 
 #: A measured figure: a number, a name, or nothing when it could not be measured.
 Figure = float | int | str | None
+#: A check's outcome. "not judged": no evidence either way, which scores as failed.
+CheckStatus = Literal["passed", "failed", "not judged"]
 
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One check's verdict: pass or fail, with the figure it measured and what it wanted."""
+    """One check's verdict: passed, failed or not judged, with the figure it measured and
+    what it wanted.
+
+    A check the evidence cannot decide (no fault was injected, no baseline ran, the agent
+    never observed what it needs) is not judged: ``judged`` is False, ``passed`` is too,
+    and it scores as failed. A missing event is never a pass.
+    """
 
     name: str
     passed: bool
@@ -33,6 +41,19 @@ class Check:
     detail: str
     #: Further figures by name (for example the detector and the latency in seconds).
     figures: dict[str, Figure] = field(default_factory=dict)
+    #: False when there was no evidence to judge from; ``detail`` then says what was missing.
+    judged: bool = True
+
+    def __post_init__(self) -> None:
+        if self.passed and not self.judged:
+            raise ValueError(f"check {self.name!r} passed without being judged")
+
+    @property
+    def status(self) -> CheckStatus:
+        """passed, failed, or not judged (no evidence; it counts as failed)."""
+        if not self.judged:
+            return "not judged"
+        return "passed" if self.passed else "failed"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the JSON scorecard."""
@@ -44,11 +65,12 @@ class Check:
             "expected": self.expected,
             "detail": self.detail,
             "figures": dict(self.figures),
+            "judged": self.judged,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Check:
-        """Read back what `to_dict` wrote."""
+        """Read back what `to_dict` wrote (a scorecard older than ``judged`` judged all)."""
         return cls(
             name=data["name"],
             passed=bool(data["passed"]),
@@ -57,6 +79,7 @@ class Check:
             expected=data.get("expected", ""),
             detail=data.get("detail", ""),
             figures=dict(data.get("figures", {})),
+            judged=bool(data.get("judged", True)),
         )
 
 

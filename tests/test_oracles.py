@@ -78,9 +78,10 @@ def test_rejected_checkpoints_and_lost_ranks_count_as_detections(tmp_path: Path)
     assert lost.passed and lost.figure == 3
 
 
-def test_detected_fails_when_no_fault_was_injected(tmp_path: Path) -> None:
+def test_detected_is_not_judged_when_no_fault_was_injected(tmp_path: Path) -> None:
     check = DetectedOracle().judge(clean_run(tmp_path).evidence())
-    assert not check.passed and "no fault was injected" in check.detail
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "no fault was injected" in check.detail
 
 
 # -- max_false_alarms ----------------------------------------------------------------------
@@ -101,9 +102,18 @@ def test_false_alarms_fail_on_a_detection_in_the_baseline(tmp_path: Path) -> Non
     assert check.figures["detectors"] == "checkpoint_integrity, robust_zscore"
 
 
-def test_false_alarms_fail_without_a_baseline(tmp_path: Path) -> None:
+def test_false_alarms_are_not_judged_without_a_baseline(tmp_path: Path) -> None:
     check = FalseAlarmsOracle().judge(clean_run(tmp_path).evidence())
-    assert not check.passed and "no fault-free baseline" in check.detail
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "no fault-free baseline" in check.detail
+
+
+def test_false_alarms_are_not_judged_on_a_baseline_that_never_trained(tmp_path: Path) -> None:
+    # Silence from a run that took no step is no evidence of a quiet detector.
+    baseline = Run(tmp_path / "baseline").end("failed", step=0)
+    check = FalseAlarmsOracle().judge(clean_run(tmp_path / "run").evidence(baseline))
+    assert check.status == "not judged" and not check.passed
+    assert "reported no step" in check.detail
 
 
 # -- params_finite -------------------------------------------------------------------------
@@ -129,9 +139,20 @@ def test_params_finite_fails_when_the_run_ends_on_an_unguarded_nan(tmp_path: Pat
     assert not check.passed and check.figures["first_bad_step"] == 30
 
 
-def test_params_finite_fails_when_never_observed(tmp_path: Path) -> None:
+def test_params_finite_is_not_judged_when_never_observed(tmp_path: Path) -> None:
     check = ParamsFiniteOracle().judge(Run(tmp_path).steps(1, TARGET).end().evidence())
-    assert not check.passed and "never observed" in check.detail
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "never observed" in check.detail
+
+
+def test_params_finite_fails_on_an_unguarded_nan_even_without_observations(
+    tmp_path: Path,
+) -> None:
+    # The loss alone shows the weights were poisoned: evidence enough to fail.
+    run = Run(tmp_path).steps(1, 29).step(30, loss=math.nan)
+    check = ParamsFiniteOracle().judge(run.end().evidence())
+    assert check.status == "failed" and check.figure == 1
+    assert check.figures["first_bad_step"] == 30
 
 
 # -- completed -----------------------------------------------------------------------------
@@ -164,6 +185,19 @@ def test_completed_fails_when_killed_at_the_deadline(tmp_path: Path) -> None:
     assert not check.passed and "killed at its deadline" in check.detail
 
 
+def test_completed_is_not_judged_on_a_clean_exit_with_an_empty_journal(tmp_path: Path) -> None:
+    evidence = Evidence(journal=Journal([]), run_dir=tmp_path, target_steps=TARGET, exit_code=0)
+    check = CompletedOracle().judge(evidence)
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "the journal is empty" in check.detail
+
+
+def test_completed_fails_on_a_failed_exit_even_with_an_empty_journal(tmp_path: Path) -> None:
+    evidence = Evidence(journal=Journal([]), run_dir=tmp_path, target_steps=TARGET, exit_code=1)
+    check = CompletedOracle().judge(evidence)
+    assert check.status == "failed" and "exited with code 1" in check.detail
+
+
 # -- final_loss_within ---------------------------------------------------------------------
 
 
@@ -189,9 +223,18 @@ def test_final_loss_fails_on_a_nan_loss(tmp_path: Path) -> None:
     assert not check.passed and check.figure == "nan"
 
 
-def test_final_loss_fails_without_a_baseline(tmp_path: Path) -> None:
+def test_final_loss_is_not_judged_without_a_baseline(tmp_path: Path) -> None:
     check = FinalLossOracle().judge(clean_run(tmp_path).evidence())
-    assert not check.passed and "no fault-free baseline" in check.detail
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "no fault-free baseline" in check.detail
+
+
+def test_final_loss_is_not_judged_when_the_run_reported_no_loss(tmp_path: Path) -> None:
+    baseline = clean_run(tmp_path / "baseline")
+    run = Run(tmp_path / "run").end("failed", step=0)
+    check = FinalLossOracle().judge(run.evidence(baseline))
+    assert check.status == "not judged" and not check.passed
+    assert "the faulted run reported no step on rank 0" in check.detail
 
 
 # -- building and judging ------------------------------------------------------------------
@@ -237,25 +280,26 @@ def test_judge_never_raises_on_an_empty_journal(tmp_path: Path) -> None:
     evidence = Evidence(journal=Journal([]), run_dir=tmp_path, target_steps=10, exit_code=None)
     checks = judge(_ask_everything(), evidence)
     assert [c.name for c in checks] == list(ORACLES)
-    # Nothing was loaded, so nothing corrupt was: the only check that holds vacuously.
-    assert [c.name for c in checks if c.passed] == ["no_corrupt_checkpoint_loaded"]
+    # No evidence passes nothing; the only thing known is that the run was killed.
+    assert not any(c.passed for c in checks)
+    assert {c.name: c.status for c in checks if c.status != "not judged"} == {"completed": "failed"}
     assert all(c.detail and "the oracle failed" not in c.detail for c in checks)
 
 
 def test_judge_on_a_handled_fault(tmp_path: Path) -> None:
     evidence = nan_grad_run(tmp_path / "run").evidence(clean_run(tmp_path / "baseline"))
-    verdicts = {c.name: c.passed for c in judge(_ask_everything(), evidence)}
+    verdicts = {c.name: c.status for c in judge(_ask_everything(), evidence)}
     assert verdicts == {
-        "detected": True,
-        "params_finite": True,
-        "completed": True,
-        "final_loss_within": True,
-        "max_lost_steps": False,  # the skipped step is lost
-        "mttr": True,
-        "no_corrupt_checkpoint_loaded": True,
-        "max_contamination_consumed": False,  # the synthetic steps report no docs
-        "max_false_alarms": True,
-        "loss_scale_recovered": False,  # an fp32 run
+        "detected": "passed",
+        "params_finite": "passed",
+        "completed": "passed",
+        "final_loss_within": "passed",
+        "max_lost_steps": "failed",  # the skipped step is lost
+        "mttr": "passed",
+        "no_corrupt_checkpoint_loaded": "not judged",  # the run never loaded a checkpoint
+        "max_contamination_consumed": "not judged",  # the synthetic steps report no docs
+        "max_false_alarms": "passed",
+        "loss_scale_recovered": "not judged",  # an fp32 run
     }
 
 

@@ -101,10 +101,11 @@ def test_damage_journaled_before_the_load_fails_even_once_the_files_are_gone(
 def test_damage_after_the_load_is_not_blamed_on_it(tmp_path: Path) -> None:
     run = saved_run(tmp_path).steps(21, 25).rollback(25, to=20)
     journal_damage(run, 26, TruncateInjector(TruncateSpec(at_step=1)).apply(tmp_path))
-    run.steps(21, TARGET).end()
+    # A later load of the untouched step 10 is one the files can still vouch for.
+    run.steps(21, 28).rollback(28, to=10).steps(11, TARGET).end()
     check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
     assert check.passed, check.detail
-    assert check.figures == {"loads": 1, "unverifiable": 1}
+    assert check.figures == {"loads": 2, "unverifiable": 1}
 
 
 def test_a_checkpoint_saved_again_after_its_damage_is_a_new_one(tmp_path: Path) -> None:
@@ -118,11 +119,23 @@ def test_a_checkpoint_saved_again_after_its_damage_is_a_new_one(tmp_path: Path) 
     assert check.figures == {"loads": 2, "unverifiable": 0}
 
 
-def test_a_deleted_checkpoint_is_unverifiable_not_corrupt(tmp_path: Path) -> None:
+def test_a_deleted_checkpoint_is_unverifiable_so_not_judged(tmp_path: Path) -> None:
     run = saved_run(tmp_path).steps(21, 25).rollback(25, to=20).steps(21, TARGET).end()
     shutil.rmtree(tmp_path / "checkpoints" / DELTA)
     check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
-    assert check.passed and check.figures == {"loads": 1, "unverifiable": 1}
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert check.figures == {"loads": 1, "unverifiable": 1}
+    assert "none verifiable" in check.detail
+
+
+def test_damage_after_the_only_load_leaves_it_not_judged(tmp_path: Path) -> None:
+    run = saved_run(tmp_path).steps(21, 25).rollback(25, to=20)
+    journal_damage(run, 26, TruncateInjector(TruncateSpec(at_step=1)).apply(tmp_path))
+    run.steps(21, TARGET).end()
+    check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
+    # Not blamed (not corrupt), but no longer provably intact either.
+    assert check.status == "not judged" and not check.passed
+    assert check.figures == {"loads": 1, "unverifiable": 1}
 
 
 def test_a_moved_run_directory_is_still_checked(tmp_path: Path) -> None:
@@ -137,7 +150,10 @@ def test_a_moved_run_directory_is_still_checked(tmp_path: Path) -> None:
     assert not check.passed and "does not match" in check.detail
 
 
-def test_no_load_no_corruption(tmp_path: Path) -> None:
+def test_no_load_is_not_judged(tmp_path: Path) -> None:
+    # Nothing loaded means nothing was checked, not that nothing corrupt was loaded.
     run = saved_run(tmp_path).steps(21, TARGET).end()
     check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
-    assert check.passed and check.detail == "no checkpoint was loaded"
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert check.detail.startswith("no checkpoint was loaded")
+    assert check.figures == {"loads": 0, "unverifiable": 0}

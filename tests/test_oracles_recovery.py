@@ -44,6 +44,13 @@ def test_no_step_lost_in_a_clean_run(tmp_path: Path) -> None:
     assert LostStepsOracle(bound=0).judge(clean_run(tmp_path).evidence()).passed
 
 
+def test_lost_steps_are_not_judged_when_rank0_took_no_step(tmp_path: Path) -> None:
+    run = Run(tmp_path, world_size=2).emit("step", 1, rank=1, loss=1.0).end("failed", step=1)
+    check = LostStepsOracle(bound=0).judge(run.evidence())
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "rank 0 reported no step" in check.detail
+
+
 # -- mttr ----------------------------------------------------------------------------------
 
 
@@ -84,9 +91,10 @@ def test_mttr_fails_when_training_never_recovers(tmp_path: Path) -> None:
     assert "never recovered" in check.detail
 
 
-def test_mttr_fails_without_a_fault(tmp_path: Path) -> None:
+def test_mttr_is_not_judged_without_a_fault(tmp_path: Path) -> None:
     check = MttrOracle(max_steps=5).judge(clean_run(tmp_path).evidence())
-    assert not check.passed and "no fault was injected" in check.detail
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "no fault was injected" in check.detail
 
 
 # -- loss_scale_recovered ------------------------------------------------------------------
@@ -122,9 +130,17 @@ def test_loss_scale_fails_on_skips_after_it_should_have_settled(tmp_path: Path) 
     assert LossScaleRecoveredOracle(within_steps=13).judge(evidence).passed
 
 
-def test_loss_scale_fails_on_an_fp32_run(tmp_path: Path) -> None:
+def test_loss_scale_is_not_judged_on_an_fp32_run(tmp_path: Path) -> None:
     check = LossScaleRecoveredOracle().judge(nan_grad_run(tmp_path).evidence())
-    assert not check.passed and "not an fp16 run?" in check.detail
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "not an fp16 run?" in check.detail
+
+
+def test_loss_scale_is_not_judged_without_a_fault(tmp_path: Path) -> None:
+    evidence = Run(tmp_path).steps(1, TARGET, loss_scale=65536.0).end().evidence()
+    check = LossScaleRecoveredOracle().judge(evidence)
+    assert check.status == "not judged" and not check.passed
+    assert "no fault was injected" in check.detail
 
 
 # -- max_contamination_consumed ------------------------------------------------------------
@@ -144,6 +160,7 @@ def test_contamination_counts_every_rank_and_redone_step(tmp_path: Path) -> None
     assert not check.passed and (check.figure, check.unit) == (6, "docs")
 
 
-def test_contamination_fails_when_never_observed(tmp_path: Path) -> None:
+def test_contamination_is_not_judged_when_never_observed(tmp_path: Path) -> None:
     check = ContaminationOracle(bound=0).judge(clean_run(tmp_path).evidence())
-    assert not check.passed and "never observed" in check.detail
+    assert check.status == "not judged" and not check.passed and check.figure is None
+    assert "never observed: no step reports contaminated_docs" in check.detail

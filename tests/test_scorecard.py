@@ -19,6 +19,7 @@ from harness.scorecard import (
     render_comparison,
     render_html,
     render_junit,
+    render_markdown,
     write_scorecards,
 )
 from harness.scorecard.badge import GREEN, RED, YELLOW
@@ -155,6 +156,100 @@ def test_markdown_shows_score_failing_figure_and_log_tail(
     assert "checkpoint shard 3 is corrupt" in md and "<details" in md
     # The passed scenario gets a table row, no failure section.
     assert "`nan-grad` failed" not in md
+
+
+NO_FAULT = "no fault was injected (no fault_injected event), so there was nothing to recover from"
+
+
+def unjudged_check() -> Check:
+    """A check the evidence could not decide, as an oracle words one."""
+    return Check("mttr", False, None, "s", "<= 10 s", NO_FAULT, judged=False)
+
+
+def test_a_not_judged_check_fails_its_scenario_and_lowers_the_score(tmp_path: Path) -> None:
+    result = make_suite(tmp_path)
+    result.scenarios[0].checks.append(unjudged_check())
+    nan_grad = result.scenarios[0]
+    assert nan_grad.status == "failed" and nan_grad.score == pytest.approx(2 / 3)
+    assert nan_grad.failed_checks == nan_grad.unjudged_checks == [unjudged_check()]
+    # Was 50.0 with the scenario's two checks passed: (1 * 2/3 + 2 * 0.5 + 1 * 0) / 4.
+    assert result.score == pytest.approx(100 * (2 / 3 + 1.0) / 4)
+
+    md = render_markdown(result)
+    assert "`nan-grad` failed" in md
+    assert f"| mttr | not judged | <= 10 s | {NO_FAULT} |" in md
+    assert "2 of 3 checks passed; 1 not judged, counted as failed." in md
+    assert "1 check not judged (no evidence; scored as failed)" in md
+
+    case = ET.fromstring(render_junit(result)).find("testsuite/testcase[@name='nan-grad']")
+    assert case is not None
+    failure = case.find("failure")
+    assert failure is not None and failure.get("type") == "CheckNotJudged"
+    assert failure.get("message", "").startswith(f"not judged: mttr, expected <= 10 s ({NO_FAULT})")
+    assert "not judged: mttr" in (failure.text or "")
+
+    page = render_html(result, tmp_path)
+    assert "<tr class='check-not-judged'>" in page and "1 check not judged" in page
+
+
+def test_junit_lists_a_not_judged_check_after_the_failed_ones(tmp_path: Path) -> None:
+    result = make_suite(tmp_path)
+    result.scenarios[1].checks.append(unjudged_check())
+    case = ET.fromstring(render_junit(result)).find("testsuite/testcase[@name='crash-resume']")
+    assert case is not None
+    failure = case.find("failure")
+    assert failure is not None and failure.get("type") == "CheckFailed"
+    message = failure.get("message", "")
+    assert message.startswith("1 of 3 checks failed: recovery_latency: 12 steps")
+    assert "; not judged: mttr, expected <= 10 s" in message
+
+
+def test_terminal_and_pytest_reports_label_a_not_judged_check(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from harness.pytest_plugin import describe_failure
+    from harness.terminal_report import print_results
+
+    result = make_suite(tmp_path)
+    result.scenarios[0].checks.append(unjudged_check())
+    text = describe_failure(result.scenarios[0])
+    assert f"FAILED mttr: not judged (expected <= 10 s): {NO_FAULT}" in text
+    assert "passed: detect_latency, params_finite" in text
+    out = io.StringIO()
+    print_results(result, Console(file=out, width=300, color_system=None))
+    assert "2/3 (1 not judged)" in out.getvalue()
+    assert "mttr: not judged (expected <= 10 s)" in out.getvalue()
+
+
+def test_json_keeps_not_judged_and_reads_older_checks_as_judged(tmp_path: Path) -> None:
+    result = make_suite(tmp_path)
+    result.scenarios[0].checks.append(unjudged_check())
+    (tmp_path / "scorecard.json").write_text(dumps_scorecard(result))
+    back = load_scorecard(tmp_path)
+    assert back.scenarios[0].checks[-1] == unjudged_check()
+    assert back.scenarios[0].checks[-1].status == "not judged"
+    assert back.score == pytest.approx(result.score)
+    old = unjudged_check().to_dict()
+    del old["judged"]
+    old["passed"] = True
+    assert Check.from_dict(old).status == "passed"
+    with pytest.raises(ValueError, match="passed without being judged"):
+        Check("mttr", True, None, "s", "", "", judged=False)
+
+
+def test_compare_shows_a_check_that_is_now_not_judged(
+    card: tuple[SuiteResult, dict[str, Path]],
+) -> None:
+    old, _ = card
+    first = old.scenarios[0]
+    unjudged = dataclasses.replace(first.checks[0], passed=False, figure=None, judged=False)
+    new_first = dataclasses.replace(first, checks=[unjudged, first.checks[1]])
+    new = dataclasses.replace(old, scenarios=[new_first, *old.scenarios[1:]])
+    c = compare(old, new)
+    assert c.regressed and [b.check for b in c.broken_checks] == ["detect_latency"]
+    assert "0 steps | not judged | <= 1 steps |" in render_comparison(c)
 
 
 @pytest.mark.parametrize(

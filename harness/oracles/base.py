@@ -63,3 +63,17 @@ class ExpectOracle(ABC):
             detail=detail,
             figures={key: rounded(value) for key, value in figures.items()},
         )
+
+    def not_judged(self, detail: str, *, unit: str, expected: str, **figures: Figure) -> Check:
+        """A `Check` of this oracle that the evidence cannot decide: ``detail`` says what
+        was missing. It never passes, and it scores as failed."""
+        return Check(
+            name=self.name,
+            passed=False,
+            figure=None,
+            unit=unit,
+            expected=expected,
+            detail=detail,
+            figures={key: rounded(value) for key, value in figures.items()},
+            judged=False,
+        )

@@ -103,21 +103,38 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
                 unverifiable += 1
             elif verdict == "corrupt":
                 corrupt.append(f"{Path(raw).name} ({why})")
+        expected = "0 corrupt loads"
+        if not loads:
+            return self.not_judged(
+                "no checkpoint was loaded, so no load could be checked",
+                unit="",
+                expected=expected,
+                loads=0,
+                unverifiable=0,
+            )
+        if not corrupt and unverifiable == len(loads):
+            # Nothing corrupt was found because nothing could be looked at.
+            return self.not_judged(
+                f"{plural(len(loads), 'load')}, none verifiable: each names no path, or its "
+                "checkpoint is gone from disk or was damaged or saved again after the load",
+                unit="",
+                expected=expected,
+                loads=len(loads),
+                unverifiable=unverifiable,
+            )
         if corrupt:
             more = len(corrupt) - NAMED
             detail = f"loaded corrupt: {'; '.join(corrupt[:NAMED])}"
             detail += f"; and {more} more" if more > 0 else ""
-        elif loads:
+        else:
             detail = f"{plural(len(loads), 'load')}, none of a corrupt checkpoint"
             if unverifiable:
                 detail += f" ({unverifiable} no longer verifiable on disk)"
-        else:
-            detail = "no checkpoint was loaded"
         return self.verdict(
             not corrupt,
             len(corrupt),
             unit="",
-            expected="0 corrupt loads",
+            expected=expected,
             detail=detail,
             loads=len(loads),
             unverifiable=unverifiable,

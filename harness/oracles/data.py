@@ -34,9 +34,7 @@ class ContaminationOracle(ExpectOracle):
         reported = [e for e in steps if "contaminated_docs" in e.fields]
         if not reported:
             what = "no step reports contaminated_docs" if steps else "no step was reported"
-            return self.verdict(
-                False, None, unit="docs", expected=expected, detail=f"never observed: {what}"
-            )
+            return self.not_judged(f"never observed: {what}", unit="docs", expected=expected)
         consumed = sum(_count(e.get("contaminated_docs")) for e in reported)
         docs = sum(_count(e.get("docs")) for e in steps)
         return self.verdict(

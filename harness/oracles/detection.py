@@ -42,12 +42,8 @@ class DetectedOracle(ExpectOracle):
         expected = self._expected()
         fault = first_fault(evidence.journal)
         if fault is None:
-            return self.verdict(
-                False,
-                None,
-                unit="steps",
-                expected=expected,
-                detail=f"{NO_FAULT}, so nothing to detect",
+            return self.not_judged(
+                f"{NO_FAULT}, so there was nothing to detect", unit="steps", expected=expected
             )
         after = [d for d in detections(evidence.journal) if at_or_after(d.event, fault)]
         counted = [d for d in after if not self.detectors or d.detector in self.detectors]
@@ -100,12 +96,18 @@ class FalseAlarmsOracle(ExpectOracle):
         """Count of detections in the baseline's journal."""
         expected = f"<= {self.bound}"
         if evidence.baseline is None:
-            return self.verdict(
-                False,
-                None,
+            return self.not_judged(
+                "no fault-free baseline run to count false alarms in",
                 unit="",
                 expected=expected,
-                detail="no fault-free baseline run to count false alarms in",
+            )
+        if not evidence.baseline.of_kind("step"):
+            # A baseline that never trained raised no alarm because it never ran.
+            return self.not_judged(
+                "the fault-free baseline run reported no step, so it shows no false alarms "
+                "either way",
+                unit="",
+                expected=expected,
             )
         alarms = detections(evidence.baseline)
         names = sorted({d.detector for d in alarms})

@@ -47,13 +47,9 @@ class ParamsFiniteOracle(ExpectOracle):
             # A non-finite loss that was not skipped went into the weights the run ended with.
             if not finite(last.get("loss")) and not skipped(last) and last not in bad:
                 bad.append(last)
-        if not observed:
-            return self.verdict(
-                False,
-                len(bad),
-                unit="",
-                expected="true",
-                detail="never observed: no step event carries params_finite",
+        if not observed and not bad:
+            return self.not_judged(
+                "never observed: no step event carries params_finite", unit="", expected="true"
             )
         if bad:
             first = min(bad, key=lambda e: e.wall)
@@ -83,6 +79,15 @@ class CompletedOracle(ExpectOracle):
     def judge(self, evidence: Evidence) -> Check:
         """Highest step rank 0 reached; fails naming each missing piece of evidence."""
         journal, target = evidence.journal, evidence.target_steps
+        expected = f"exit 0, step {target}, every rank completed"
+        if not journal and evidence.exit_code == 0:
+            # A clean exit says nothing of training: the trainer may never have run the agent.
+            return self.not_judged(
+                "the journal is empty: the launcher exited 0 but no rank reported anything",
+                unit="steps",
+                expected=expected,
+                exit_code=evidence.exit_code,
+            )
         missing: list[str] = []
         if evidence.exit_code is None:
             missing.append("the launcher was killed at its deadline")
@@ -103,7 +108,7 @@ class CompletedOracle(ExpectOracle):
             not missing,
             top,
             unit="steps",
-            expected=f"exit 0, step {target}, every rank completed",
+            expected=expected,
             detail=detail,
             exit_code=evidence.exit_code,
             restarts=last,
@@ -160,23 +165,20 @@ class FinalLossOracle(ExpectOracle):
         """Relative gap |final - baseline| / |baseline| of the final losses."""
         expected = f"<= {self.tolerance:g}"
         if evidence.baseline is None:
-            return self.verdict(
-                False,
-                None,
+            return self.not_judged(
+                "no fault-free baseline run to compare the final loss with",
                 unit="relative",
                 expected=expected,
-                detail="no fault-free baseline run to compare the final loss with",
             )
         final = final_loss(surviving_losses(evidence.journal))
         base = final_loss(surviving_losses(evidence.baseline))
         if final is None or base is None:
-            which = "faulted run" if final is None else "baseline"
-            return self.verdict(
-                False,
-                None,
+            which = "faulted run" if final is None else "fault-free baseline run"
+            return self.not_judged(
+                f"the {which} reported no step on rank {LEAD_RANK}, so there is no final "
+                "loss to compare",
                 unit="relative",
                 expected=expected,
-                detail=f"the {which} reported no loss on rank {LEAD_RANK}",
             )
         gap = relative_gap(final, base)
         passed = math.isfinite(gap) and gap <= self.tolerance
@@ -213,24 +215,29 @@ class LossScaleRecoveredOracle(ExpectOracle):
             f"no skip {plural(self.within_steps, 'step')} after it"
         )
 
-        def fail(detail: str) -> Check:
-            return self.verdict(False, None, unit="", expected=expected, detail=detail)
+        def unjudged(detail: str) -> Check:
+            return self.not_judged(detail, unit="", expected=expected)
 
         journal = evidence.journal
         first = first_fault(journal)
         if first is None:
-            return fail(NO_FAULT)
+            return unjudged(f"{NO_FAULT}, so the loss scale had nothing to recover from")
         steps = lead_steps(journal)
         scaled = [e for e in steps if as_float(e.get("loss_scale")) is not None]
         if not scaled:
-            return fail(f"no loss scale observed on rank {LEAD_RANK} (not an fp16 run?)")
+            return unjudged(f"no loss scale observed on rank {LEAD_RANK} (not an fp16 run?)")
         before = [e for e in scaled if e.wall < first.wall]
         if not before:
-            return fail(f"no loss scale observed before the fault at step {first.step}")
+            return unjudged(
+                f"no loss scale observed before the fault at step {first.step}, so there is "
+                "nothing to recover to"
+            )
         pre = as_float(before[-1].get("loss_scale")) or 0.0
         final = as_float(steps[-1].get("loss_scale"))
         if final is None:
-            return fail(f"the last step ({steps[-1].step}) has no loss scale (it ended in fp32?)")
+            return unjudged(
+                f"the last step ({steps[-1].step}) has no loss scale (it ended in fp32?)"
+            )
         ratio = final / pre if pre > 0 and math.isfinite(pre) else math.nan
         last = faults(journal)[-1]
         settle_by = last.step + self.within_steps

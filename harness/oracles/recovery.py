@@ -32,12 +32,10 @@ class LostStepsOracle(ExpectOracle):
         expected = f"<= {plural(self.bound, 'step')}"
         steps = lead_steps(evidence.journal)
         if not steps:
-            return self.verdict(
-                False,
-                None,
+            return self.not_judged(
+                f"rank {LEAD_RANK} reported no step, so there are no steps to count",
                 unit="steps",
                 expected=expected,
-                detail=f"rank {LEAD_RANK} reported no step",
             )
         redone = len(steps) - len({e.step for e in steps})
         surviving = evidence.journal.steps(LEAD_RANK).values()
@@ -84,12 +82,8 @@ class MttrOracle(ExpectOracle):
         journal = list(evidence.journal)
         start = next((i for i, e in enumerate(journal) if e.kind == "fault_injected"), None)
         if start is None:
-            return self.verdict(
-                False,
-                None,
-                unit="s",
-                expected=expected,
-                detail=f"{NO_FAULT}, so nothing to recover",
+            return self.not_judged(
+                f"{NO_FAULT}, so there was nothing to recover from", unit="s", expected=expected
             )
         # Positions in the merged journal order events by wall time across ranks and keep
         # each rank's own order where two events share a timestamp.

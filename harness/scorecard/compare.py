@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.results import ScenarioResult, Status, SuiteResult
-from harness.scorecard.text import format_figure, format_score
+from harness.scorecard.text import NOT_JUDGED, format_figure, format_score
 from harness.verdict import Check, Figure
 
 # Worse to better; a move down this list is a regression whatever the score did.
@@ -44,6 +44,9 @@ class CheckChange:
     #: The threshold, as the new scorecard states it.
     expected: str
     detail: str
+    #: False for a side where the check was not judged (no evidence; scored as failed).
+    old_judged: bool = True
+    new_judged: bool = True
 
 
 @dataclass(slots=True)
@@ -94,7 +97,15 @@ def _check_changes(
         if before is None or before.passed == c.passed:
             continue
         change = CheckChange(
-            new.name, c.name, before.figure, c.figure, c.unit or before.unit, c.expected, c.detail
+            new.name,
+            c.name,
+            before.figure,
+            c.figure,
+            c.unit or before.unit,
+            c.expected,
+            c.detail,
+            old_judged=before.judged,
+            new_judged=c.judged,
         )
         (fixed if c.passed else broken).append(change)
     return broken, fixed
@@ -180,8 +191,8 @@ def _check_rows(changes: list[CheckChange], labels: tuple[str, str]) -> list[str
         [
             c.scenario,
             c.check,
-            format_figure(c.old_figure, c.unit),
-            format_figure(c.new_figure, c.unit),
+            format_figure(c.old_figure, c.unit) if c.old_judged else NOT_JUDGED,
+            format_figure(c.new_figure, c.unit) if c.new_judged else NOT_JUDGED,
             c.expected,
         ]
         for c in changes

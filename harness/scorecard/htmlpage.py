@@ -10,6 +10,8 @@ from harness.scorecard.badge import render_badge
 from harness.scorecard.htmlstyle import CSS
 from harness.scorecard.plots import StepSeries, load_series, render_plots
 from harness.scorecard.text import (
+    CHECK_MARK,
+    check_figure,
     clean_text,
     format_figure,
     format_number,
@@ -43,6 +45,10 @@ def _header(result: SuiteResult) -> str:
     if result.min_score is not None:
         met = "met" if result.score >= result.min_score else "not met"
         threshold = f" · minimum score {_e(format_number(result.min_score))} {met}"
+    unjudged = sum(len(r.unjudged_checks) for r in result.scenarios)
+    not_judged = (
+        f'<li class="not-judged">{plural(unjudged, "check")} not judged</li>' if unjudged else ""
+    )
     rows = "".join(
         f"<tr><td>{_e(name)}</td><td class='num'>{format_score(score)}</td>"
         f"<td>{_bar(score)}</td><td class='num'>"
@@ -53,7 +59,8 @@ def _header(result: SuiteResult) -> str:
 <div><h1>tightrope scorecard: {_e(result.suite)}</h1>
 <div class="meta">{" · ".join(meta)}</div>
 <ul class="counts"><li class="passed">{counts["passed"]} passed</li>
-<li class="failed">{counts["failed"]} failed</li><li class="error">{counts["error"]} error</li></ul>
+<li class="failed">{counts["failed"]} failed</li><li class="error">{counts["error"]} error</li>
+{not_judged}</ul>
 <p class="verdict {verdict}">Suite {"passed" if result.passed else "did not pass"}{threshold}</p>
 </div>
 <div class="score-box" id="score"><span class="score-value">{format_score(result.score)}</span>
@@ -86,12 +93,12 @@ def _checks(r: ScenarioResult) -> str:
         return '<p class="note">No checks were judged.</p>'
     rows = []
     for c in r.checks:
-        state = "passed" if c.passed else "failed"
+        state = c.status
         extra = ", ".join(f"{k} = {format_figure(v)}" for k, v in c.figures.items())
         rows.append(
-            f"<tr class='check-{state}'><td class='check-status'>{'✔' if c.passed else '✘'} "
-            f"{state}</td><td><code>{_e(c.name)}</code></td>"
-            f"<td class='num'>{_e(format_figure(c.figure, c.unit))}</td><td>{_e(c.expected)}</td>"
+            f"<tr class='check-{state.replace(' ', '-')}'><td class='check-status'>"
+            f"{CHECK_MARK[state]} {state}</td><td><code>{_e(c.name)}</code></td>"
+            f"<td class='num'>{_e(check_figure(c))}</td><td>{_e(c.expected)}</td>"
             f"<td>{_e(c.detail)}<div class='extra'>{_e(extra)}</div></td></tr>"
         )
     return (

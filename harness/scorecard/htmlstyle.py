@@ -23,7 +23,7 @@ header.summary { display: grid; grid-template-columns: 1fr auto; gap: 12px 32px;
 .counts { display: flex; gap: 16px; list-style: none; padding: 0; margin: 8px 0 0; }
 .counts li { font-weight: 600; }
 .counts .passed { color: var(--passed); } .counts .failed { color: var(--failed); }
-.counts .error { color: var(--error); }
+.counts .error { color: var(--error); } .counts .not-judged { color: #9a6700; }
 .verdict { font-weight: 600; }
 .verdict.passed { color: var(--passed); } .verdict.failed { color: var(--failed); }
 .classes { grid-column: 1 / -1; }
@@ -50,8 +50,10 @@ section.scenario.error { border-left-color: var(--error); }
   color: var(--muted); }
 .facts div { display: flex; gap: 6px; } .facts dt { font-weight: 600; } .facts dd { margin: 0; }
 tr.check-failed td { background: #fff5f5; }
-.check-status { font-weight: 700; }
+tr.check-not-judged td { background: #fff8e6; }
+.check-status { font-weight: 700; white-space: nowrap; }
 tr.check-failed .check-status { color: var(--failed); }
+tr.check-not-judged .check-status { color: #9a6700; }
 tr.check-passed .check-status { color: var(--passed); }
 .extra { color: var(--muted); font-size: 12px; }
 .error-box { background: #f7f2ff; border: 1px solid #d8c8f5; border-radius: 6px;

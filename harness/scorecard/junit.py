@@ -39,16 +39,26 @@ def _testcase(parent: ET.Element, suite: str, r: ScenarioResult) -> None:
         )
         exit_code = "killed at its deadline" if r.exit_code is None else f"exit code {r.exit_code}"
         body = [f"{r.error} ({exit_code})"]
-        body += [f"check failed: {describe_check(c)}" for c in r.failed_checks]
+        body += [
+            f"check failed: {describe_check(c)}" if c.judged else f"check {describe_check(c)}"
+            for c in r.failed_checks
+        ]
         if r.log_tail.strip():
             body.append(f"\nlog tail:\n{r.log_tail}")
         error.text = clean_text("\n".join(body))
     elif r.status == "failed":
-        failed = r.failed_checks
-        summary = "; ".join(describe_check(c) for c in failed)
-        message = f"{len(failed)} of {len(r.checks)} checks failed: {summary}"
-        failure = ET.SubElement(case, "failure", message=clean_text(message), type="CheckFailed")
-        body = [f"{describe_check(c)}\n  {c.detail}" for c in failed]
+        # A check that was not judged fails the case too; its entry starts "not judged:".
+        failed = [c for c in r.failed_checks if c.judged]
+        parts = [describe_check(c) for c in r.unjudged_checks]
+        if failed:
+            summary = "; ".join(describe_check(c) for c in failed)
+            parts.insert(0, f"{len(failed)} of {len(r.checks)} checks failed: {summary}")
+        kind = "CheckFailed" if failed else "CheckNotJudged"
+        failure = ET.SubElement(case, "failure", message=clean_text("; ".join(parts)), type=kind)
+        body = [
+            f"{describe_check(c)}\n  {c.detail}" if c.judged else describe_check(c)
+            for c in r.failed_checks
+        ]
         if r.log_tail.strip():
             body.append(f"log tail:\n{r.log_tail}")
         failure.text = clean_text("\n".join(body))
@@ -57,7 +67,8 @@ def _testcase(parent: ET.Element, suite: str, r: ScenarioResult) -> None:
 
 
 def render_junit(result: SuiteResult) -> str:
-    """junit.xml's text: failures list the failed checks with their figures."""
+    """junit.xml's text: failures list the failed and the not-judged checks with their
+    figures."""
     counts = result.counts()
     totals = {
         "tests": str(len(result.scenarios)),

@@ -6,9 +6,10 @@ import re
 
 from harness.results import ScenarioResult, SuiteResult
 from harness.scorecard.text import (
+    NOT_JUDGED,
     STATUS_ICON,
+    check_figure,
     clean_text,
-    format_figure,
     format_number,
     format_score,
     format_seconds,
@@ -54,6 +55,9 @@ def _header(result: SuiteResult) -> list[str]:
         f"{STATUS_ICON['error']} {counts['error']} error · "
         f"{plural(len(result.scenarios), 'scenario')} in {format_seconds(result.seconds)}",
     ]
+    unjudged = sum(len(r.unjudged_checks) for r in result.scenarios)
+    if unjudged:
+        lines += ["", f"{plural(unjudged, 'check')} {NOT_JUDGED} (no evidence; scored as failed)"]
     if result.min_score is not None:
         met = "met" if result.score >= result.min_score else "**not met**"
         lines += ["", f"Minimum score {format_number(result.min_score)}: {met}"]
@@ -89,11 +93,15 @@ def _check_table(r: ScenarioResult) -> list[str]:
     lines = ["| check | figure | expected | detail |", "|---|---:|---|---|"]
     for c in r.failed_checks:
         lines.append(
-            f"| {_cell(c.name)} | {_cell(format_figure(c.figure, c.unit))} | "
+            f"| {_cell(c.name)} | {_cell(check_figure(c))} | "
             f"{_cell(c.expected)} | {_cell(c.detail)} |"
         )
     passed = len(r.checks) - len(r.failed_checks)
-    return [*lines, "", f"{passed} of {len(r.checks)} checks passed."]
+    tally = f"{passed} of {len(r.checks)} checks passed"
+    unjudged = len(r.unjudged_checks)
+    if unjudged:
+        tally += f"; {unjudged} {NOT_JUDGED}, counted as failed"
+    return [*lines, "", f"{tally}."]
 
 
 def _failed(r: ScenarioResult) -> list[str]:
@@ -110,7 +118,8 @@ def _errored(r: ScenarioResult) -> list[str]:
     lines = [f"### {STATUS_ICON['error']} {_code(r.name)} errored ({_cell(r.fault_class)})", ""]
     exit_code = "killed at its deadline" if r.exit_code is None else f"exit code {r.exit_code}"
     lines += [f"**Error:** {_cell(r.error or '')} ({exit_code})", ""]
-    # An errored run's checks are still judged; the failed ones often say where it broke.
+    # An errored run's checks are still judged; the failed (and the not-judged) ones often
+    # say where it broke.
     if r.failed_checks:
         lines += [*_check_table(r), ""]
     tail = r.log_tail if r.log_tail.strip() else "(the run left no log)"

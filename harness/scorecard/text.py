@@ -6,10 +6,14 @@ import math
 import re
 
 from harness.results import Status
-from harness.verdict import Check, Figure
+from harness.verdict import Check, CheckStatus, Figure
 
 #: Icons for a scenario's status, in the Markdown summary and the comparison.
 STATUS_ICON: dict[Status, str] = {"passed": "✅", "failed": "❌", "error": "💥"}
+#: Marks for a check's status, on the HTML page.
+CHECK_MARK: dict[CheckStatus, str] = {"passed": "✔", "failed": "✘", "not judged": "?"}
+#: What stands for the figure of a check that was not judged.
+NOT_JUDGED = "not judged"
 
 # Colour codes and cursor moves that trainers and progress bars write into logs.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -73,9 +77,17 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def check_figure(check: Check) -> str:
+    """A check's figure as a table shows it: "not judged" for a check with no evidence."""
+    return format_figure(check.figure, check.unit) if check.judged else NOT_JUDGED
+
+
 def describe_check(check: Check) -> str:
-    """One line for a failed check: name, figure against what was expected."""
+    """One line for a check that did not pass: name, figure against what was expected; a
+    not-judged one starts "not judged:" and says why."""
     expected = f", expected {check.expected}" if check.expected else ""
+    if not check.judged:
+        return f"{NOT_JUDGED}: {check.name}{expected} ({check.detail})"
     return f"{check.name}: {format_figure(check.figure, check.unit)}{expected}"
 
 
