@@ -9,6 +9,7 @@ with the log's tail, scored 0.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import threading
@@ -26,7 +27,7 @@ from rich.markup import escape
 from harness import __version__
 from harness.baseline import BaselineError, baseline_key, baseline_run, default_cache_dir
 from harness.errors import JournalError, TightropeError
-from harness.journal import Journal, read_journal
+from harness.journal import JOURNAL_DIR, Journal, read_journal
 from harness.launch import (
     LOG_FILE,
     PLAN_FILE,
@@ -36,6 +37,7 @@ from harness.launch import (
     log_tail,
     reference_command,
     run_process,
+    trainer_cwd,
     trainer_env,
 )
 from harness.oracles import judge
@@ -103,7 +105,8 @@ def _launch_faulted(
     log, env = run_dir / LOG_FILE, trainer_env(spec)
     if spec.command is not None:
         argv = custom_command(spec, run_dir, plan)
-        return run_process(argv, log=log, deadline=deadline, env=env, on_poll=poll)
+        cwd = trainer_cwd(spec, run_dir)
+        return run_process(argv, log=log, deadline=deadline, env=env, on_poll=poll, cwd=cwd)
     if spec.launcher == "docker":
         from harness.docker_launch import run_on_docker
 
@@ -139,8 +142,43 @@ def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:
     )
     if handled:  # the trainer gave up on purpose: a judged failure, not a crash
         return None
-    last = f": {ends[-1].get('reason')}" if ends and ends[-1].get("reason") else ""
-    return f"the trainer crashed (exit code {launch.exit_code}){last}"
+    return f"the trainer crashed (exit code {launch.exit_code}){attempt_errors(journal)}"
+
+
+def attempt_errors(journal: Journal) -> str:
+    """The last error of each attempt (torchrun restarts), as ``; attempt N, rank R: ...``."""
+    last: dict[int, str] = {}
+    for end in journal.of_kind("run_end"):
+        if end.get("status") != "completed" and end.get("reason"):
+            last[end.restart] = f"rank {end.rank}: {end.get('reason')}"
+    if len(last) == 1 and set(last) == {0}:
+        return ": " + last[0].split(": ", 1)[1]
+    return "".join(f"; attempt {n}, {why}" for n, why in sorted(last.items()))
+
+
+def keep_baseline(cached: Path, out_dir: Path) -> Path:
+    """Copy a cached baseline's journal and log to ``out_dir/baselines/<key>``; returns it.
+
+    Scenarios sharing a baseline ask for it from parallel threads (suites may share an
+    out dir from parallel processes): a lock file per key lets one copy, and the copy is
+    made aside and renamed into place, so the folder is whole or absent, even after a kill.
+    """
+    kept = out_dir / "baselines" / cached.name
+    if (kept / LOG_FILE).is_file():  # renamed into place whole
+        return kept
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    # flock, not a threading.Lock: each open() is its own lock holder, thread or process.
+    with open(kept.parent / f".{cached.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (kept / LOG_FILE).is_file():  # another caller copied it while we waited
+            return kept
+        shutil.rmtree(kept, ignore_errors=True)  # a half copy made before copies were atomic
+        partial = kept.with_name(f".{cached.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(cached / JOURNAL_DIR, partial / JOURNAL_DIR)
+        shutil.copy2(cached / LOG_FILE, partial / LOG_FILE)
+        partial.rename(kept)
+    return kept
 
 
 class Runner:
@@ -193,7 +231,7 @@ class Runner:
             evidence = Evidence(
                 journal=journal,
                 run_dir=run_dir,
-                target_steps=spec.steps,
+                target_steps=target_steps(spec, baseline),
                 exit_code=launch.exit_code,
                 baseline=baseline,
             )
@@ -211,7 +249,7 @@ class Runner:
         return result
 
     def _baseline(self, scenario: Scenario, result: ScenarioResult) -> Journal | None:
-        if not scenario.expect.needs_baseline():
+        if not scenario.expect.needs_baseline(command=scenario.trainer.command is not None):
             return None
         spec = scenario.trainer
         poll, finish = self._bar(f"{scenario.name} (baseline)", spec.steps)
@@ -223,16 +261,20 @@ class Runner:
             finish(f"  baseline of {scenario.name} failed")
             raise BaselineError(f"{exc}\n{log_tail(self._log_of(spec))}") from None
         finish(f"  baseline of {scenario.name}: ready")
-        kept = self.options.out_dir / "baselines" / cached.name
-        if not kept.exists():
-            kept.mkdir(parents=True)
-            shutil.copytree(cached / "journal", kept / "journal")
-            shutil.copy2(cached / LOG_FILE, kept / LOG_FILE)
+        kept = keep_baseline(cached, self.options.out_dir)
         result.baseline_dir = f"baselines/{cached.name}"
         return _read(kept)
 
     def _log_of(self, spec: TrainerSpec) -> Path:
         return self.options.cache_dir / "baselines" / baseline_key(spec) / LOG_FILE
+
+
+def target_steps(spec: TrainerSpec, baseline: Journal | None) -> int:
+    """The step a complete run reaches: ``steps`` for the reference trainer; for a command
+    trainer, the last step its fault-free run reached (it counts its own steps)."""
+    if spec.command is None or baseline is None:
+        return spec.steps
+    return max((e.step for e in baseline if e.kind == "step" and e.rank == 0), default=spec.steps)
 
 
 def _line(result: ScenarioResult) -> str:
