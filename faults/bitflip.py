@@ -7,16 +7,18 @@ raw bits before and after differ in one position on exactly ``count`` elements.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
+from torch import nn
 
 from faults.errors import InjectionError
-from faults.injector import Injection, Injector, StepContext, matching_parameters, require_model
-from faults.numeric import as_1d_if_scalar, flat_coords, no_match, require_optimizer
+from faults.gradient import GradientFaultSpec, GradientInjector, no_match
+from faults.injector import Injection, StepContext, matching_parameters, require_model
+from faults.numeric import as_1d_if_scalar, flat_coords, require_optimizer
 from faults.registry import register
-from faults.spec import FaultSpec, seeded
+from faults.spec import seeded
 
 BitClass = Literal["sign", "exponent", "mantissa"]
 
@@ -63,7 +65,7 @@ def flip_mask(bit: int, width: int) -> int:
     return -(1 << bit) if bit == width - 1 else 1 << bit
 
 
-class BitflipSpec(FaultSpec):
+class BitflipSpec(GradientFaultSpec):
     """Flip a bit in a few elements of one matching tensor."""
 
     kind: Literal["bitflip"] = "bitflip"
@@ -87,16 +89,63 @@ class BitflipSpec(FaultSpec):
     )
 
 
-class BitflipInjector(Injector[BitflipSpec]):
-    """Gradients flip after the backward pass; weights and optimizer state after the step."""
+class BitflipInjector(GradientInjector[BitflipSpec]):
+    """Gradients flip as backward accumulates them (see `faults.gradient`); weights and
+    optimizer state just after the optimizer step."""
+
+    def __init__(self, spec: BitflipSpec) -> None:
+        super().__init__(spec)
+        self._flips: dict[str, dict[str, Any]] = {}
+
+    def gradient_params(self, ctx: StepContext) -> list[tuple[str, nn.Parameter]]:
+        """The one parameter whose gradient flips, when gradients are the target."""
+        return super().gradient_params(ctx) if self.spec.tensor == "gradients" else []
 
     def after_backward(self, ctx: StepContext) -> list[Injection]:
-        """Flip a gradient bit."""
-        return self._flip(ctx) if self.spec.tensor == "gradients" else []
+        """Report (or make) the gradient flip."""
+        return super().after_backward(ctx) if self.spec.tensor == "gradients" else []
+
+    def before_optimizer_step(self, ctx: StepContext) -> list[Injection]:
+        """With ``at: before_step``: flip a gradient bit now."""
+        return super().before_optimizer_step(ctx) if self.spec.tensor == "gradients" else []
 
     def after_optimizer_step(self, ctx: StepContext) -> list[Injection]:
         """Flip a weight or optimizer-state bit."""
-        return self._flip(ctx) if self.spec.tensor != "gradients" else []
+        if self.spec.tensor == "gradients":
+            return []
+        name, t = self._pick(ctx, self._candidates(ctx))
+        details = self._flip(ctx, name, t)
+        return [Injection(fault=self.spec.kind, target=name, details=details)]
+
+    # -- gradients (the GradientInjector hooks) -----------------------------------------
+
+    def chosen(
+        self, ctx: StepContext, candidates: list[tuple[str, nn.Parameter]]
+    ) -> list[tuple[str, nn.Parameter]]:
+        """One parameter, drawn (seeded) among those with at least ``count`` elements."""
+        if not candidates:
+            return []
+        name, _ = self._pick(ctx, [(n, p.detach()) for n, p in candidates])
+        return [(n, p) for n, p in candidates if n == name]
+
+    def hit(self, ctx: StepContext, name: str, grad: torch.Tensor) -> int:
+        """Flip the bit in ``count`` elements of the gradient."""
+        self._flips[name] = self._flip(ctx, name, grad)
+        return self.spec.count
+
+    def details(self, ctx: StepContext, names: list[str]) -> dict[str, Any]:
+        """What the flip did."""
+        return self._flips[names[0]]
+
+    def _report(self, ctx: StepContext) -> list[Injection]:
+        records = super()._report(ctx)
+        # One flip, one parameter: the record names it as the target.
+        return [
+            Injection(fault=r.fault, target=str(r.details["param"]), details=r.details)
+            for r in records
+        ]
+
+    # -- choosing and flipping -----------------------------------------------------------
 
     def _candidates(self, ctx: StepContext) -> list[tuple[str, torch.Tensor]]:
         spec = self.spec
@@ -105,8 +154,6 @@ class BitflipInjector(Injector[BitflipSpec]):
         found: list[tuple[str, torch.Tensor]] = []
         if spec.tensor == "weights":
             found = [(name, p.detach()) for name, p in matched]
-        elif spec.tensor == "gradients":
-            found = [(name, p.grad.detach()) for name, p in matched if p.grad is not None]
         else:
             optimizer = require_optimizer(ctx, f"{spec.kind} on optimizer_state")
             for name, p in matched:
@@ -123,9 +170,12 @@ class BitflipInjector(Injector[BitflipSpec]):
         if not matched:
             names = [name for name, _ in model.named_parameters()]
             raise no_match(spec.kind, "parameter", spec.target, names)
-        if not found:
-            names = [name for name, _ in matched]
-            raise no_match(spec.kind, "parameter with a gradient", spec.target, names)
+        return found
+
+    def _pick(
+        self, ctx: StepContext, found: list[tuple[str, torch.Tensor]]
+    ) -> tuple[str, torch.Tensor]:
+        spec = self.spec
         # A tensor smaller than `count` cannot take `count` distinct flips.
         big_enough = [(name, t) for name, t in found if t.numel() >= spec.count]
         if not big_enough:
@@ -133,13 +183,11 @@ class BitflipInjector(Injector[BitflipSpec]):
                 f"bitflip: count={spec.count} but no {spec.tensor} tensor matching "
                 f"{spec.target!r} has that many elements"
             )
-        return big_enough
+        return seeded(spec.seed, spec.kind, ctx.step, ctx.rank, "param").choice(big_enough)
 
-    def _flip(self, ctx: StepContext) -> list[Injection]:
+    def _flip(self, ctx: StepContext, name: str, t: torch.Tensor) -> dict[str, Any]:
         spec = self.spec
-        candidates = self._candidates(ctx)
         key = (spec.seed, spec.kind, ctx.step, ctx.rank)
-        name, t = seeded(*key, "param").choice(candidates)
         layout = LAYOUTS.get(t.dtype)
         if layout is None:
             raise InjectionError(
@@ -176,7 +224,7 @@ class BitflipInjector(Injector[BitflipSpec]):
         }
         if spec.tensor == "optimizer_state":
             details["state_key"] = spec.state_key
-        return [Injection(fault=spec.kind, target=name, details=details)]
+        return details
 
 
 register(BitflipSpec, BitflipInjector)

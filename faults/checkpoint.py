@@ -12,6 +12,11 @@ is taken relative to RUN_DIR). ``checkpoint`` picks the victim: ``latest`` (the 
 ``latest`` names; without that file, the newest ``step-*`` folder), ``previous`` (the
 newest checkpoint older than latest) or an explicit name such as ``step-00000040``.
 
+A trainer with files of its own (``snapshot.pt``, ``ckpt/epoch-3.pt``) is reached with
+``path``: a glob relative to the trainer's working directory. With ``after_save: true``
+the fault waits, from its trigger step on, for the trainer to save a matching file (as
+the agent observes saves) and damages that file right after the save.
+
 Every injector has ``apply(run_dir)`` for direct use; ``end_step`` calls it, and the agent
 calls ``end_step`` after the step's checkpoint save. Every target is checked before the
 first byte is written, so an `InjectionError` leaves the tree as it was. Writes are real:
@@ -68,6 +73,32 @@ class CheckpointFileSpec(CheckpointFaultSpec):
         description="Glob of the files damaged (all of them), or `data`: the checkpoint's "
         "data file, state.pt or, in a delta checkpoint, delta.bin.",
     )
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Instead of checkpoint and file: a glob of the trainer's own files, "
+        "relative to its working directory (e.g. 'snapshot.pt').",
+    )
+    after_save: bool = Field(
+        default=False,
+        description="With path: from the trigger step on, wait for the trainer to save a "
+        "matching file and damage it right after that save.",
+    )
+
+    @model_validator(mode="after")
+    def _path_inside(self) -> CheckpointFileSpec:
+        if self.path is not None:
+            parts = Path(self.path).parts
+            if Path(self.path).is_absolute() or ".." in parts:
+                raise ValueError(
+                    f"path {self.path!r} must stay inside the trainer's working directory "
+                    "(relative, no '..')"
+                )
+            if self.directory is not None:
+                raise ValueError("give path or directory, not both")
+        elif self.after_save:
+            raise ValueError("after_save needs path: the file whose save it waits for")
+        return self
 
 
 def checkpoints_root(spec: CheckpointFaultSpec, run_dir: str | Path | None) -> Path:
@@ -166,10 +197,13 @@ class CheckpointInjector(Injector[S]):
 
     def end_step(self, ctx: StepContext) -> list[Injection]:
         """Damage the checkpoint the step's save left behind."""
-        return self.apply(ctx.run_dir)
+        if self.waits_for_save():
+            return []
+        return self.apply(ctx.run_dir, ctx.cwd)
 
-    def apply(self, run_dir: str | Path | None) -> list[Injection]:
-        """Damage the checkpoints of the run in ``run_dir``; one record per file touched."""
+    def apply(self, run_dir: str | Path | None, cwd: str | None = None) -> list[Injection]:
+        """Damage the checkpoints of the run in ``run_dir`` (or the trainer's own files under
+        ``cwd``); one record per file touched."""
         return self._damage(checkpoints_root(self.spec, run_dir))
 
     def _damage(self, root: Path) -> list[Injection]:
@@ -177,7 +211,31 @@ class CheckpointInjector(Injector[S]):
 
 
 class FileInjector(CheckpointInjector[F]):
-    """Base of the kinds that damage each file matching ``file`` in one checkpoint."""
+    """Base of the kinds that damage each file matching ``file`` in one checkpoint, or each
+    of the trainer's own files matching ``path``."""
+
+    def waits_for_save(self) -> bool:
+        """True with ``after_save``: the damage follows an observed save."""
+        return self.spec.after_save
+
+    def on_file_saved(self, ctx: StepContext, path: str) -> list[Injection]:
+        """The trainer saved ``path``: damage it when it matches ``path`` (after_save)."""
+        root = Path(ctx.cwd or os.getcwd())
+        saved = Path(path)
+        if not self.spec.after_save or self.spec.path is None:
+            return []
+        inside = saved.is_relative_to(root) and saved.relative_to(root).match(self.spec.path)
+        return self._damage_files(root, root, [saved]) if inside and saved.is_file() else []
+
+    def apply(self, run_dir: str | Path | None, cwd: str | None = None) -> list[Injection]:
+        """Damage the matching files: of one checkpoint, or the trainer's own (``path``)."""
+        if self.spec.path is None:
+            return super().apply(run_dir, cwd)
+        root = Path(cwd or os.getcwd())
+        files = sorted(p for p in root.glob(self.spec.path) if p.is_file())
+        if not files:
+            raise InjectionError(f"no file matching path {self.spec.path!r} in {root}")
+        return self._damage_files(root, root, files)
 
     def _damage(self, root: Path) -> list[Injection]:
         ckpt = resolve_checkpoint(root, self.spec.checkpoint)
@@ -187,6 +245,9 @@ class FileInjector(CheckpointInjector[F]):
             files = sorted(p for p in ckpt.glob(self.spec.file) if p.is_file())
         if not files:
             raise InjectionError(f"no file matching {self.spec.file!r} in {ckpt}")
+        return self._damage_files(root, ckpt, files)
+
+    def _damage_files(self, root: Path, ckpt: Path, files: list[Path]) -> list[Injection]:
         plans = [(path, self._prepare(root, ckpt, path)) for path in files]  # check all first
         records = []
         for path, plan in plans:
@@ -340,6 +401,13 @@ class SwapSpec(CheckpointFileSpec):
     source: str = Field(
         default="previous", pattern=_WHICH, description="Checkpoint the twin comes from."
     )
+
+
+    @model_validator(mode="after")
+    def _checkpoints_only(self) -> SwapSpec:
+        if self.path is not None:
+            raise ValueError("swap takes its twin from another checkpoint; it has no path form")
+        return self
 
 
 class SwapInjector(FileInjector[SwapSpec]):

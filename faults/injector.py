@@ -5,10 +5,14 @@ spec says it is active at this step on this rank:
 
     on_batch(ctx, batch)   -> batch     before the forward pass (bad data)
     before_forward(ctx)                 install forward hooks (activation blow-up)
+    gradient_params(ctx)   -> params    parameters whose gradient accumulation the agent
+                                        hooks for the step; each calls on_gradient
     after_backward(ctx)                 gradients exist, before unscale/clip/step
     before_optimizer_step(ctx)          just before optimizer.step (learning rate)
     after_optimizer_step(ctx)           weights and optimizer state updated
     end_step(ctx)                       the step is over: undo temporary changes
+    on_file_saved(ctx, path)            the trainer saved a file (faults that
+                                        `waits_for_save`, from their trigger step on)
 
 Each hook that changes something returns `Injection` records; the agent journals them
 as ``fault_injected`` events. Faults that act outside the loop (files, processes) have
@@ -43,6 +47,8 @@ class StepContext:
     run_dir: str | None = None
     #: Process ids the job registered, by rank (for process faults).
     pids: dict[int, int] = field(default_factory=dict)
+    #: The trainer's working directory (a ``path`` of a checkpoint fault is relative to it).
+    cwd: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,13 @@ class Injector(Generic[SpecT]):
         """Called before the forward pass."""
         return []
 
+    def gradient_params(self, ctx: StepContext) -> list[tuple[str, nn.Parameter]]:
+        """Parameters whose gradient the fault hits during backward (see faults.gradient)."""
+        return []
+
+    def on_gradient(self, ctx: StepContext, name: str, grad: torch.Tensor) -> None:
+        """One hooked parameter's gradient was just accumulated."""
+
     def after_backward(self, ctx: StepContext) -> list[Injection]:
         """Called when gradients exist, before unscaling, clipping and the optimizer step."""
         return []
@@ -84,6 +97,14 @@ class Injector(Generic[SpecT]):
 
     def end_step(self, ctx: StepContext) -> list[Injection]:
         """Called when the step is over; undo anything meant to last one step."""
+        return []
+
+    def waits_for_save(self) -> bool:
+        """True when the fault, once triggered, waits for the trainer to save a file."""
+        return False
+
+    def on_file_saved(self, ctx: StepContext, path: str) -> list[Injection]:
+        """The trainer saved ``path`` (a fault that `waits_for_save` may act on it)."""
         return []
 
 

@@ -1,6 +1,7 @@
 """Numeric faults: poisoned and vanishing gradients, activation blow-up, lr spikes, bad batches.
 
-Bit flips live in `faults.bitflip`. Every random choice here draws from a private RNG
+Bit flips live in `faults.bitflip`; how gradient faults reach gradients, in
+`faults.gradient`. Every random choice here draws from a private RNG
 keyed by (seed, kind, step, rank, what), never from the global torch/numpy/python RNGs:
 the trainer's bit-exact resume depends on those being untouched.
 """
@@ -17,12 +18,12 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from faults.errors import InjectionError
+from faults.gradient import GradientFaultSpec, GradientInjector, no_match
 from faults.injector import (
     Injection,
     Injector,
     StepContext,
     matching_modules,
-    matching_parameters,
     require_model,
 )
 from faults.registry import register
@@ -42,31 +43,11 @@ def share(fraction: float, n: int) -> int:
     return min(n, max(1, math.ceil(fraction * n - 1e-6)))
 
 
-def no_match(kind: str, what: str, pattern: str, names: list[str]) -> InjectionError:
-    """The error for a target pattern that selects nothing, listing a few candidates."""
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-    return InjectionError(
-        f"{kind}: no {what} matches target {pattern!r}; available: {shown or 'none'}"
-    )
-
-
 def require_optimizer(ctx: StepContext, kind: str) -> torch.optim.Optimizer:
     """The optimizer, or a clear error when the agent was attached without one."""
     if ctx.optimizer is None:
         raise InjectionError(f"{kind} needs the optimizer; attach the agent with one")
     return ctx.optimizer
-
-
-def gradients(ctx: StepContext, kind: str, pattern: str) -> list[tuple[str, torch.Tensor]]:
-    """(name, grad) of the parameters matching ``pattern`` that have a gradient, by name."""
-    model = require_model(ctx, kind)
-    matched = sorted(matching_parameters(model, pattern), key=lambda item: item[0])
-    found = [(name, p.grad) for name, p in matched if p.grad is not None]
-    if not found:
-        names = [name for name, _ in model.named_parameters()]
-        what = "parameter with a gradient" if matched else "parameter"
-        raise no_match(kind, what, pattern, names)
-    return found
 
 
 def flat_coords(t: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -82,10 +63,9 @@ def as_1d_if_scalar(t: torch.Tensor) -> torch.Tensor:
 # -- nan_grad / inf_grad -------------------------------------------------------------------
 
 
-class _PoisonGradSpec(FaultSpec):
+class _PoisonGradSpec(GradientFaultSpec):
     """Fields shared by nan_grad and inf_grad."""
 
-    target: str = Field(default="*", description="Glob on parameter names, e.g. 'blocks.0.*'.")
     fraction: float = Field(
         default=1.0,
         gt=0,
@@ -96,7 +76,7 @@ class _PoisonGradSpec(FaultSpec):
 
 
 class NanGradSpec(_PoisonGradSpec):
-    """Set gradient elements to NaN after the backward pass."""
+    """Set gradient elements to NaN as backward accumulates them."""
 
     kind: Literal["nan_grad"] = "nan_grad"
     description: ClassVar[str] = "Set a share of the matching gradients' elements to NaN."
@@ -104,36 +84,35 @@ class NanGradSpec(_PoisonGradSpec):
 
 
 class InfGradSpec(_PoisonGradSpec):
-    """Set gradient elements to +inf after the backward pass."""
+    """Set gradient elements to +inf as backward accumulates them."""
 
     kind: Literal["inf_grad"] = "inf_grad"
     description: ClassVar[str] = "Set a share of the matching gradients' elements to +inf."
     fault_class: ClassVar[str] = "numeric"
 
 
-class _PoisonGradInjector(Injector[_PoisonGradSpec]):
-    """Writes ``value`` into a seeded share of each matching gradient."""
+class _PoisonGradInjector(GradientInjector[_PoisonGradSpec]):
+    """Writes ``value`` into a seeded share of each matching gradient (once a step: a NaN
+    or an infinity survives any later accumulation)."""
 
     value: ClassVar[float]
 
-    def after_backward(self, ctx: StepContext) -> list[Injection]:
-        """Poison the matching gradients."""
+    def hit(self, ctx: StepContext, name: str, grad: torch.Tensor) -> int:
+        """Poison a seeded share of ``grad``."""
         spec = self.spec
-        names, total = [], 0
-        with torch.no_grad():
-            for name, grad in gradients(ctx, spec.kind, spec.target):
-                n = grad.numel()
-                k = share(spec.fraction, n)
-                if k == n:
-                    grad.fill_(self.value)
-                else:
-                    gen = torch_generator(spec.seed, spec.kind, ctx.step, ctx.rank, name)
-                    chosen = torch.randperm(n, generator=gen)[:k]
-                    as_1d_if_scalar(grad)[flat_coords(grad, chosen)] = self.value
-                names.append(name)
-                total += k
-        details = {"params": names, "elements": total, "fraction": spec.fraction}
-        return [Injection(fault=spec.kind, target=spec.target, details=details)]
+        n = grad.numel()
+        k = share(spec.fraction, n)
+        if k == n:
+            grad.fill_(self.value)
+        else:
+            gen = torch_generator(spec.seed, spec.kind, ctx.step, ctx.rank, name)
+            chosen = torch.randperm(n, generator=gen)[:k]
+            as_1d_if_scalar(grad)[flat_coords(grad, chosen)] = self.value
+        return k
+
+    def details(self, ctx: StepContext, names: list[str]) -> dict[str, Any]:
+        """Parameters and elements hit, and the share asked for."""
+        return super().details(ctx, names) | {"fraction": self.spec.fraction}
 
 
 class NanGradInjector(_PoisonGradInjector):
@@ -151,35 +130,43 @@ class InfGradInjector(_PoisonGradInjector):
 # -- grad_underflow ------------------------------------------------------------------------
 
 
-class GradUnderflowSpec(FaultSpec):
+class GradUnderflowSpec(GradientFaultSpec):
     """Scale gradients by a tiny factor so that they underflow."""
 
     kind: Literal["grad_underflow"] = "grad_underflow"
     description: ClassVar[str] = "Multiply the matching gradients by a tiny factor (underflow)."
     fault_class: ClassVar[str] = "numeric"
 
-    target: str = Field(default="*", description="Glob on parameter names.")
     factor: float = Field(
         default=1e-30, gt=0, lt=1, allow_inf_nan=False, description="Scale, 0 < factor < 1."
     )
 
 
-class GradUnderflowInjector(Injector[GradUnderflowSpec]):
-    """Multiplies the matching gradients by ``factor`` after the backward pass."""
+class GradUnderflowInjector(GradientInjector[GradUnderflowSpec]):
+    """Multiplies the matching gradients by ``factor`` at every accumulation, so the step's
+    whole gradient is scaled however many micro-batches it sums."""
 
-    def after_backward(self, ctx: StepContext) -> list[Injection]:
-        """Shrink the matching gradients."""
-        spec = self.spec
-        names, zeroed = [], 0
-        with torch.no_grad():
-            for name, grad in gradients(ctx, spec.kind, spec.target):
-                nonzero = int(torch.count_nonzero(grad))
-                grad.mul_(spec.factor)
-                # Elements that were nonzero and are zero now: what underflow actually did.
-                zeroed += nonzero - int(torch.count_nonzero(grad))
-                names.append(name)
-        details = {"params": names, "factor": spec.factor, "zeroed": zeroed}
-        return [Injection(fault=spec.kind, target=spec.target, details=details)]
+    every_accumulation = True
+
+    def __init__(self, spec: GradUnderflowSpec) -> None:
+        super().__init__(spec)
+        self._zeroed = 0
+
+    def before_forward(self, ctx: StepContext) -> list[Injection]:
+        """A new step: nothing zeroed yet."""
+        self._zeroed = 0
+        return super().before_forward(ctx)
+
+    def hit(self, ctx: StepContext, name: str, grad: torch.Tensor) -> int:
+        """Shrink ``grad``; count the elements that underflow turned to zero."""
+        nonzero = int(torch.count_nonzero(grad))
+        grad.mul_(self.spec.factor)
+        self._zeroed += nonzero - int(torch.count_nonzero(grad))
+        return grad.numel()
+
+    def details(self, ctx: StepContext, names: list[str]) -> dict[str, Any]:
+        """Parameters hit, the factor, and what underflow actually zeroed."""
+        return {"params": names, "factor": self.spec.factor, "zeroed": self._zeroed}
 
 
 # -- activation_overflow -------------------------------------------------------------------

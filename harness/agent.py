@@ -4,10 +4,11 @@ A trainer drives it at fixed points of each step (the reference trainer calls th
 methods itself; `harness.attach` and ``tightrope exec`` install hooks that call them for
 trainers that know nothing of tightrope)::
 
-    agent.begin_step(step)             faults active at this step arm; forward hooks go in
+    agent.begin_step(step)             faults active at this step arm; forward hooks and
+                                       gradient hooks go in
     batch = agent.batch(batch)         bad-data faults may replace the batch
-    ... forward, backward ...
-    agent.after_backward()             gradient faults
+    ... forward, backward ...          gradient faults act as each gradient accumulates
+    agent.after_backward()             what they did is journaled
     agent.before_optimizer_step()      learning-rate faults
     ... optimizer.step() ...
     agent.after_optimizer_step()       weight and optimizer-state faults
@@ -16,9 +17,12 @@ trainers that know nothing of tightrope)::
     agent.end_step()                   file and process faults; temporary changes undone
 
 Observations (the `step` event, `params_finite`) are the agent's own; what the trainer
-claims (`detected`, `recovered`, checkpoint events) goes through `agent.claim`.
+claims (`detected`, `recovered`, checkpoint events) goes through `agent.claim`. Whether a
+step's update happened is observed, not claimed: a step with no ``after_optimizer_step``
+(or `note_update`) is journaled ``skipped``.
 With no fault planned the agent costs one journal line per step and, every
-``check_params_every`` steps, one pass over the parameters.
+``check_params_every`` steps, one pass over the parameters; no collective, unless the plan
+has ``after_seconds`` faults (rank 0's clock decides when they fire).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import json
 import os
 import socket
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from faults import (
     FaultPlan,
@@ -46,7 +50,7 @@ from faults import (
     build_injector,
     parse_fault,
 )
-from harness.control import ControlChannel, register_pid
+from harness.control import ArmedBoard, ControlChannel, register_pid
 from harness.journal import Event, JournalWriter, journal_path, read_journal_file
 
 
@@ -90,14 +94,18 @@ class Agent:
         self._timed_start: dict[int, int] = {}  # plan index -> step an after_seconds fault fired
         self._fired: set[tuple[int, int]] = set()  # (plan index, step) already injected
         self._current: int | None = None  # plan index of the injector running a hook
+        self._grad_hooks: list[RemovableHandle] = []
+        self._waiting: list[int] = []  # plan indexes of triggered faults waiting for a save
+        self._updated = False  # the step's update happened (observed)
         self.pids: dict[int, int] = {rank: os.getpid()}
         self.remember_fired(earlier)
         self.channel: ControlChannel | None = None
+        self.board: ArmedBoard | None = None
         if control:
             register_pid(self.run_dir, rank, os.getpid())
             if rank == 0:
                 self.channel = ControlChannel(self.run_dir)
-        self._control = control
+            self.board = ArmedBoard(self.run_dir, restart)
 
     # -- the step --------------------------------------------------------------------
 
@@ -111,6 +119,7 @@ class Agent:
             optimizer=self.optimizer,
             run_dir=str(self.run_dir),
             pids=dict(self.pids),
+            cwd=os.getcwd(),
         )
 
     def _is_active(self, index: int, spec: FaultSpec, step: int) -> bool:
@@ -125,9 +134,12 @@ class Agent:
         """Start step ``step`` (1-based): take live commands, arm the faults active now, call
         their forward hooks."""
         self.step = step
-        self._injected_this_step = False
-        if self._control or self._timed:
-            self._agree(step)
+        self._injected_this_step = self._updated = False
+        self._remove_grad_hooks()
+        if self._timed:
+            self._agree_timers(step)
+        if self.board is not None:
+            self._take_commands(step)
         # A step replayed after a rollback or restart does not meet its fault again: a
         # fault happens at a step once (persistent faults span steps with `duration`).
         self._active = [
@@ -135,7 +147,39 @@ class Agent:
             for i, (spec, inj) in enumerate(self._injectors)
             if (i, step) not in self._fired and self._is_active(i, spec, step)
         ]
-        self._run(lambda inj, ctx: inj.before_forward(ctx))
+        if self._active:
+            self._run(lambda inj, ctx: inj.before_forward(ctx))
+            self._hook_gradients()
+            for injector in self._active:
+                index = self._index[id(injector)]
+                if injector.waits_for_save() and index not in self._waiting:
+                    self._waiting.append(index)
+
+    def file_saved(self, path: str) -> None:
+        """The trainer saved ``path``: triggered faults waiting for a save may act on it."""
+        for index in list(self._waiting):
+            injector = self._injectors[index][1]
+            self._current = index
+            records = injector.on_file_saved(self.context(), path)
+            self._record(records)
+            if records:
+                self._waiting.remove(index)
+        self._current = None
+
+    def _hook_gradients(self) -> None:
+        """Gradient faults act on each parameter as backward accumulates its gradient."""
+        for injector in self._active:
+            self._current = self._index[id(injector)]
+            ctx = self.context()
+            for name, param in injector.gradient_params(ctx):
+                hook = GradientHook(self, injector, name)
+                self._grad_hooks.append(param.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
+        self._current = None
+
+    def _remove_grad_hooks(self) -> None:
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks = []
 
     def batch(self, batch: torch.Tensor) -> torch.Tensor:
         """The batch to train on (a bad-data fault may replace it)."""
@@ -155,21 +199,35 @@ class Agent:
         self._run(lambda inj, ctx: inj.before_optimizer_step(ctx))
 
     def after_optimizer_step(self) -> None:
-        """Just after ``optimizer.step``."""
+        """Just after ``optimizer.step``: the update happened."""
+        self._updated = True
         self._run(lambda inj, ctx: inj.after_optimizer_step(ctx))
 
-    def observe_step(self, **observations: Any) -> None:
-        """Journal the `step` event, adding the agent's own parameter check when due."""
-        due = self._injected_this_step or (
+    def note_update(self) -> None:
+        """The step's update happened without ``optimizer.step`` (a trainer that updates the
+        parameters by hand)."""
+        self._updated = True
+
+    @property
+    def check_due(self) -> bool:
+        """True when this step's parameters (and gradient norm) are to be checked."""
+        return self._injected_this_step or (
             self.check_params_every > 0 and self.step % self.check_params_every == 0
         )
-        if due and self.model is not None:
+
+    def observe_step(self, **observations: Any) -> None:
+        """Journal the `step` event with what the agent observed itself: whether the update
+        happened (``skipped``) and, when due, whether every parameter is finite."""
+        observations["skipped"] = not self._updated
+        if self.check_due and self.model is not None:
             observations["params_finite"] = params_finite(self.model)
         self.journal.emit("step", self.step, **observations)
 
     def end_step(self) -> None:
         """The step is over: file and process faults act, temporary changes are undone."""
-        self._run(lambda inj, ctx: inj.end_step(ctx))
+        self._remove_grad_hooks()
+        if self._active:
+            self._run(lambda inj, ctx: inj.end_step(ctx))
         self._active = []
 
     def document_wrapper(self) -> Callable[[Iterator[Any]], Any] | None:
@@ -205,11 +263,12 @@ class Agent:
             **fields,
         )
 
-    def close(self, status: str, reason: str = "") -> None:
-        """Journal ``run_end`` and close the journal."""
+    def close(self, status: str, reason: str = "", **observed: Any) -> None:
+        """Journal ``run_end`` (with what the caller ``observed`` at the end) and close the
+        journal."""
         extra = {"reason": reason} if reason else {}
         seconds = time.monotonic() - self._started
-        self.journal.emit("run_end", self.step, status=status, seconds=seconds, **extra)
+        self.journal.emit("run_end", self.step, status=status, seconds=seconds, **extra, **observed)
         self.journal.close()
 
     # -- internals ---------------------------------------------------------------------
@@ -238,51 +297,48 @@ class Agent:
                 details=details,
             )
 
-    def _agree(self, step: int) -> None:
-        """Rank 0 decides what depends on its clock or its inbox: time-triggered faults that
-        fire now, and live commands; every rank then arms the same faults for the same step
-        (one small broadcast per step when several ranks train together)."""
+    def _agree_timers(self, step: int) -> None:
+        """Rank 0's clock decides which ``after_seconds`` faults fire now; every rank arms
+        them for the same step (one small broadcast per step, only while timers wait)."""
+        if all(i in self._timed_start for i in self._timed):
+            return
         elapsed = time.monotonic() - self._started
         timers = [
             i
             for i in self._timed
             if i not in self._timed_start and elapsed >= self._injectors[i][0].after_seconds  # type: ignore[operator]
         ]
-        decided: list[dict[str, Any]] = []
+        shared = json.loads(broadcast_text(json.dumps(timers), self.rank, self.world_size))
+        for index in shared:
+            self._timed_start[int(index)] = step
+
+    def _take_commands(self, step: int) -> None:
+        """Live commands: rank 0 reads the inbox and arms each accepted one for a step every
+        rank can still meet; every rank takes what rank 0 armed (see harness.control)."""
         if self.channel is not None:
             for received in self.channel.poll():
                 if received.fault is None:
-                    decided.append(
-                        {"id": received.id, "accepted": False, "reason": received.reason}
+                    self.journal.emit(
+                        "command", step, id=received.id, accepted=False, reason=received.reason
                     )
+                    self.channel.answer(received.id, step=step, accepted=False,
+                                        reason=received.reason)  # fmt: skip
                     continue
-                effective = step + received.in_steps
-                decided.append(
-                    {"id": received.id, "accepted": True, "fault": received.fault,
-                     "effective_step": effective}
-                )  # fmt: skip
-        shared = json.loads(
-            broadcast_text(json.dumps({"timers": timers, "commands": decided}), self.rank,
-                           self.world_size)
-        )  # fmt: skip
-        for index in shared["timers"]:
-            self._timed_start[int(index)] = step
-        for entry in shared["commands"]:
-            if entry["accepted"]:
-                spec = parse_fault({**entry["fault"], "at_step": entry["effective_step"]})
-                self._injectors.append((spec, build_injector(spec)))
-                self._index[id(self._injectors[-1][1])] = len(self._injectors) - 1
-                self.journal.emit(
-                    "command", step, id=entry["id"], accepted=True, fault=spec.kind,
-                    effective_step=entry["effective_step"],
-                )  # fmt: skip
-            elif self.rank == 0:
-                self.journal.emit(
-                    "command", step, id=entry["id"], accepted=False, reason=entry["reason"]
-                )
-            if self.channel is not None:
-                answer = {k: v for k, v in entry.items() if k != "fault"}
-                self.channel.answer(entry["id"], step=step, **answer)
+                # Another rank may already be one step further: arm no sooner than next step.
+                lead = 1 if self.world_size > 1 else 0
+                effective = step + max(received.in_steps, lead)
+                self.channel.publish(received.id, received.fault, effective, self.journal.restart)
+                self.channel.answer(received.id, step=step, accepted=True,
+                                    effective_step=effective)  # fmt: skip
+        assert self.board is not None
+        for armed in self.board.take():
+            spec = parse_fault({**armed.fault, "at_step": armed.step})
+            self._injectors.append((spec, build_injector(spec)))
+            self._index[id(self._injectors[-1][1])] = len(self._injectors) - 1
+            self.journal.emit(
+                "command", step, id=armed.id, accepted=True, fault=spec.kind,
+                effective_step=armed.step,
+            )  # fmt: skip
 
     def remember_fired(self, events: Iterable[Any]) -> None:
         """Learn from earlier ``fault_injected`` events (of a previous attempt of this run)
@@ -291,6 +347,33 @@ class Agent:
             index = event.get("details", {}).get("plan_index")
             if event.kind == "fault_injected" and event.rank == self.rank and index is not None:
                 self._fired.add((int(index), event.step))
+
+
+class GradientHook:
+    """A post-accumulate-grad hook that hands one parameter's gradient to a fault.
+
+    Copies of the model (``copy.deepcopy``, pickling) get no agent: the hook copies and
+    pickles as nothing that acts."""
+
+    def __init__(self, agent: Agent, injector: Injector[Any], name: str) -> None:
+        self.agent, self.injector, self.name = agent, injector, name
+
+    def __call__(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self.injector.on_gradient(self.agent.context(), self.name, param.grad)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
+
+
+class Inert:
+    """What an agent's hook becomes in a copy of the model: a hook that does nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def broadcast_text(text: str, rank: int, world_size: int) -> str:
@@ -321,6 +404,4 @@ def params_finite(model: nn.Module) -> bool:
 
 def _quietly_read(path: Path) -> list[Event]:
     # A torn tail from a killed attempt is expected here; the writer mends it.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return read_journal_file(path)
+    return read_journal_file(path, warn=False)

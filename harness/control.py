@@ -5,11 +5,15 @@ Files under ``RUN_DIR/control/``::
     secret              per-run key, 32 random bytes in hex, mode 0600, made by rank 0
     inbox/<id>.json     a command: the fault, how many steps from now, and its HMAC
     acks/<id>.json      the job's answer: accepted at step N, or rejected with a reason
+    armed/<n>.json      an accepted command as rank 0 armed it: the fault, its step
     pids/rank-<R>       the process id each rank registered (process faults act on them)
 
 A command is authenticated with HMAC-SHA256 under the secret, validated as a fault
-spec, and, when accepted, armed on every rank for the same step (rank 0 decides and
-broadcasts). Commands are JSON; nothing read from these files is ever unpickled.
+spec, and, when accepted, armed on every rank for the same step: rank 0 decides the step
+and writes it under ``armed/``, where every rank looks at each step's start (one
+``stat`` of the folder while nothing changes). No collective is spent on it: ranks that
+train together are at most a step apart, so a command armed for a later step reaches
+every rank in time. Commands are JSON; nothing read from these files is ever unpickled.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 def ensure_secret(run_dir: str | os.PathLike[str]) -> bytes:
     """The run's key, created with mode 0600 on first use."""
     folder = control_dir(run_dir)
-    for sub in ("inbox", "acks", "pids"):
+    for sub in ("inbox", "acks", "pids", "armed"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     path = folder / SECRET_FILE
@@ -158,10 +162,13 @@ class ControlChannel:
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.folder = control_dir(run_dir)
         self.key = ensure_secret(run_dir)
+        self._seen = FolderWatch(self.folder / "inbox")
 
     def poll(self) -> list[Received]:
         """Commands waiting in the inbox, oldest first; each is removed once read."""
         inbox = self.folder / "inbox"
+        if not self._seen.changed():
+            return []
         received = []
         for path in sorted(inbox.glob("*.json"), key=lambda p: p.stat().st_mtime):
             received.append(self._read(path))
@@ -191,6 +198,73 @@ class ControlChannel:
         _write_atomic(
             self.folder / "acks" / f"{safe}.json", json.dumps({"id": command_id, **fields})
         )
+
+    def publish(self, command_id: str, fault: Mapping[str, Any], step: int, attempt: int) -> None:
+        """Arm an accepted command for every rank: ``fault`` at ``step`` of this attempt."""
+        armed = self.folder / "armed"
+        number = sum(1 for p in armed.glob("*.json"))
+        body = {"id": command_id, "fault": dict(fault), "step": step, "attempt": attempt}
+        _write_atomic(armed / f"{number:06d}.json", json.dumps(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Armed:
+    """A command rank 0 armed: this fault at this step."""
+
+    id: str
+    fault: dict[str, Any]
+    step: int
+
+
+class FolderWatch:
+    """Tells cheaply whether a folder changed: its mtime, with a full look every few calls
+    in case the file system's clock is coarse."""
+
+    EVERY = 50
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._mtime: int | None = None
+        self._calls = 0
+
+    def changed(self) -> bool:
+        """True when the folder may hold something new since the last call."""
+        self._calls += 1
+        try:
+            mtime = os.stat(self.folder).st_mtime_ns
+        except OSError:
+            return False
+        if mtime != self._mtime or self._calls % self.EVERY == 0:
+            self._mtime = mtime
+            return True
+        return False
+
+
+class ArmedBoard:
+    """Every rank's view of ``armed/``: the commands of this attempt not taken yet."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], attempt: int) -> None:
+        self.folder = control_dir(run_dir) / "armed"
+        self.attempt = attempt
+        self._taken: set[str] = set()
+        self._watch = FolderWatch(self.folder)
+
+    def take(self) -> list[Armed]:
+        """Commands armed since the last call, in the order rank 0 armed them."""
+        if not self._watch.changed():
+            return []
+        found = []
+        for path in sorted(self.folder.glob("*.json")):
+            if path.name in self._taken:
+                continue
+            try:
+                body = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # not complete yet: written atomically, so only a race with a rename
+            self._taken.add(path.name)
+            if isinstance(body, dict) and body.get("attempt") == self.attempt:
+                found.append(Armed(str(body["id"]), dict(body["fault"]), int(body["step"])))
+        return found
 
 
 def register_pid(run_dir: str | os.PathLike[str], rank: int, pid: int) -> None:

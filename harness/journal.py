@@ -189,8 +189,9 @@ def _decode_line(raw: str, path: Path, lineno: int) -> Event:
     )
 
 
-def read_journal_file(path: str | os.PathLike[str]) -> list[Event]:
-    """Events of one rank's file in the order written, skipping torn lines with a warning."""
+def read_journal_file(path: str | os.PathLike[str], *, warn: bool = True) -> list[Event]:
+    """Events of one rank's file in the order written, skipping torn lines (with a warning,
+    unless ``warn`` is false: a torn tail is expected where a killed attempt is read)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -204,6 +205,8 @@ def read_journal_file(path: str | os.PathLike[str]) -> list[Event]:
         try:
             events.append(_decode_line(raw.decode("utf-8"), path, lineno))
         except (ValueError, UnicodeDecodeError) as exc:
+            if not warn:
+                continue
             where = "last line" if lineno == len(lines) else f"line {lineno}"
             warnings.warn(
                 f"{path}: skipped torn {where} ({exc}); a writer was probably killed mid-line",

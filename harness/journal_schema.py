@@ -120,7 +120,9 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                     "bool", "Every parameter finite after the step (when checked)."
                 ),
                 skipped=FieldSpec(
-                    "bool", "The optimizer update was skipped (non-finite loss or gradients)."
+                    "bool",
+                    "Observed by the agent: the step ended with no update (no optimizer step "
+                    "and, for a trainer that updates by hand, parameters unchanged).",
                 ),
                 docs=FieldSpec("int", "Documents that entered the training stream this step."),
                 contaminated_docs=FieldSpec(
@@ -173,6 +175,49 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 reason=FieldSpec("str", "Why it was refused.", required=True),
             ),
         ),
+        "file_saved": (
+            "Observed by the agent: the trainer saved a file (torch.save, safetensors).",
+            _kind(
+                path=FieldSpec("str", "Absolute path of the file.", required=True),
+                sha256=FieldSpec("str", "SHA-256 of its bytes just after the save.", required=True),
+                bytes=FieldSpec("int", "Its size."),
+                api=FieldSpec("str", "The call that saved it (torch.save, ...)."),
+            ),
+        ),
+        "file_loaded": (
+            "Observed by the agent: the trainer loaded a file it or another rank saved, or "
+            "one from elsewhere.",
+            _kind(
+                path=FieldSpec("str", "Absolute path of the file.", required=True),
+                sha256=FieldSpec("str", "SHA-256 of its bytes when loaded.", required=True),
+                saved_sha256=FieldSpec(
+                    "str",
+                    "SHA-256 at its last observed save; null when the run never saved it.",
+                    nullable=True,
+                ),
+                saved_step=FieldSpec(
+                    "int", "Step at its last observed save; null as above.", nullable=True
+                ),
+                intact=FieldSpec(
+                    "bool",
+                    "The bytes loaded are the bytes saved; null when never saved in the run.",
+                    nullable=True,
+                ),
+                api=FieldSpec("str", "The call that loaded it (torch.load, ...)."),
+            ),
+        ),
+        "file_load_failed": (
+            "Observed by the agent: a load raised (the trainer refused or could not read it).",
+            _kind(
+                path=FieldSpec("str", "Absolute path of the file.", required=True),
+                sha256=FieldSpec("str", "SHA-256 of its bytes.", nullable=True),
+                intact=FieldSpec(
+                    "bool", "Its bytes are those of its last observed save.", nullable=True
+                ),
+                error=FieldSpec("str", "The exception, as type: message.", required=True),
+                api=FieldSpec("str", "The call that failed."),
+            ),
+        ),
         "command": (
             "A live-control command reached the job (accepted or rejected).",
             _kind(
@@ -205,6 +250,9 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 status=FieldSpec("str", "completed, failed or stopped.", required=True),
                 reason=FieldSpec("str", "Why, when not completed."),
                 seconds=FieldSpec("float", "Seconds since this process's run_start."),
+                params_finite=FieldSpec(
+                    "bool", "Observed by an attached agent: every parameter finite at the end."
+                ),
             ),
         ),
     }
