@@ -1,11 +1,9 @@
 """Attach the agent to a trainer that knows nothing of tightrope: hooks instead of calls.
 
 ``agent = harness.attach(model, optimizer, run_dir="runs/x", plan="plan.yaml")``; then,
-optionally, ``loader = agent.wrap_batches(loader)`` and ``agent.close()``. A step opens at
-the first of a batch from `wrap_batches`, a grad-enabled forward of the model, a
-``backward()``, the optimizer step, and ends when ``optimizer.step`` returns. In its
-pre-hook gradient faults act (after the trainer's clipping), the gradient norm is measured
-(so it shows them), then lr faults act. See docs/attach.md.
+optionally, ``loader = agent.wrap_batches(loader)`` and ``agent.close()``. The optimizer
+may be None: a trainer that updates its parameters by hand is followed as well. What a
+step is, what is observed and where faults land: `AttachedAgent` and docs/attach.md.
 """
 
 from __future__ import annotations
@@ -18,9 +16,10 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -28,11 +27,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan, FaultSpecError
-from harness.agent import Agent
-from harness.journal import journal_path
+from harness.agent import Agent, Inert, params_finite
+from harness.files import add_file_listener, remove_file_listener
+from harness.journal import JOURNAL_DIR, journal_path, read_journal_file
 
 B = TypeVar("B")
-Listener = Callable[[torch.Tensor], None]
 
 #: Wrappers (DDP, DataParallel, torch.compile) that hold the user's model, and where.
 WRAPPERS = {
@@ -68,29 +67,44 @@ def restart_count() -> int:
 
 # -- torch.Tensor.backward, wrapped while anything listens --------------------------------
 
-_listeners: list[Listener] = []
+
+class BackwardListener(Protocol):
+    """Told of every ``tensor.backward()``: just before it runs, and once it returned."""
+
+    def before_backward(self, tensor: torch.Tensor) -> None:
+        """``tensor.backward()`` is about to run."""
+
+    def after_backward(self, tensor: torch.Tensor) -> None:
+        """It returned: the gradients of this backward are accumulated (and all-reduced)."""
+
+
+_listeners: list[BackwardListener] = []
 _original_backward: Callable[..., Any] | None = None
 
 
-def add_backward_listener(listener: Listener) -> None:
-    """Call ``listener(tensor)`` before every ``tensor.backward()`` (wraps it on first use)."""
+def add_backward_listener(listener: BackwardListener) -> None:
+    """Tell ``listener`` of every ``tensor.backward()`` (wraps it on first use)."""
     global _original_backward
     if _original_backward is None:
         original: Callable[..., Any] = torch.Tensor.backward
 
         @functools.wraps(original)
         def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            for each in tuple(_listeners):
-                each(self)
-            return original(self, *args, **kwargs)
+            listening = tuple(_listeners)
+            for each in listening:
+                each.before_backward(self)
+            result = original(self, *args, **kwargs)
+            for each in listening:
+                each.after_backward(self)
+            return result
 
         _original_backward = original
         setattr(torch.Tensor, "backward", backward)  # noqa: B010 - mypy refuses a method assign
     _listeners.append(listener)
 
 
-def remove_backward_listener(listener: Listener) -> None:
-    """Stop calling ``listener``; the original ``backward`` comes back with the last one."""
+def remove_backward_listener(listener: BackwardListener) -> None:
+    """Stop telling ``listener``; the original ``backward`` comes back with the last one."""
     global _original_backward
     if listener in _listeners:
         _listeners.remove(listener)
@@ -127,9 +141,9 @@ def check_plan(plan: FaultPlan) -> FaultPlan:
     return plan
 
 
-def grad_norm(optimizer: torch.optim.Optimizer) -> float | None:
-    """Global L2 norm of the optimizer's gradients; None when none has a gradient."""
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+def grad_norm(params: Iterable[torch.Tensor]) -> float | None:
+    """Global L2 norm of the gradients of ``params``; None when none has a gradient."""
+    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
     with torch.no_grad():
@@ -154,12 +168,22 @@ def replace_first(batch: B, through: Callable[[torch.Tensor], torch.Tensor]) -> 
 
 
 class AttachedAgent:
-    """An `Agent` driven by hooks on a foreign trainer's model, optimizer and ``backward``."""
+    """An `Agent` driven by hooks on a foreign trainer's model, optimizer, ``backward`` and
+    its file saves and loads.
+
+    A step opens at the first of a batch from `wrap_batches`, a grad-enabled forward of the
+    model, a ``backward()``, the optimizer step. It ends when ``optimizer.step`` returns or,
+    for a trainer that skipped its update or updates by hand, at the next forward,
+    backward or save that finds the parameters changed (an update by hand) or the gradients
+    cleared without a change (a skipped step); otherwise another forward and backward is
+    gradient accumulation within the same step.
+    """
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self._open = False  # a step has begun and not ended
         self._in_step = False  # between the optimizer's pre- and post-hooks
+        self._backward_seen = False  # the open step had a backward
         self._closed = False
         self._loss: torch.Tensor | None = None
         self._grad_norm: float | None = None
@@ -169,9 +193,16 @@ class AttachedAgent:
         self._handles: list[RemovableHandle] = []
         self._own_batches = False  # wrap_batches feeds batch faults, not the forward hook
         self._pid = os.getpid()
+        self._params: ParamSample | None = None  # the parameters as the step began
+        self._grads: GradMark | None = None  # a gradient as the last backward left it
+        self._saves: dict[str, tuple[str, int]] = {}  # path -> (sha256, step) of its last save
+        self._began = False  # a step began in this process
+        #: Called once, when the first step ends (exec mode stops looking for the model).
+        self.on_first_step: Callable[[], None] | None = None
         #: ``backward()`` calls seen in the current step.
         self.backward_calls = 0
-        add_backward_listener(self.on_backward)
+        add_backward_listener(self)
+        add_file_listener(self)
         atexit.register(self._at_exit)
         watch_exit()
 
@@ -179,7 +210,7 @@ class AttachedAgent:
 
     @property
     def step(self) -> int:
-        """Optimizer steps completed (the step in progress, while one is)."""
+        """Steps completed (the step in progress, while one is)."""
         return self.agent.step
 
     @property
@@ -196,25 +227,34 @@ class AttachedAgent:
     def _through(self, batches: Iterable[B]) -> Iterator[B]:
         for batch in batches:
             if not self._closed:
+                self._boundary()
                 self.open_step()
                 batch = replace_first(batch, self.agent.batch)
             yield batch
 
     def close(self, status: str = "completed", reason: str = "") -> None:
-        """End any open step, remove every hook and journal ``run_end``; idempotent."""
+        """End any open step, remove every hook and journal ``run_end`` with the agent's
+        last look at the parameters; idempotent."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
-        remove_backward_listener(self.on_backward)
+        remove_backward_listener(self)
+        remove_file_listener(self)
         for handle in [*self._handles, *([self._model_hook] if self._model_hook else [])]:
             handle.remove()
         try:
-            if self._open:
+            if self._open and self._backward_seen:
+                if self._params is not None and self._params.changed():
+                    self.agent.note_update()
+                self._finish()
+            elif self._open:
                 self.agent.end_step()  # undo temporary changes (lr spike, forward hooks)
         finally:
             self._open = self._in_step = False
-            self.agent.close(status, reason)
+            model = self.agent.model
+            extra = {"params_finite": params_finite(model)} if model is not None else {}
+            self.agent.close(status, reason, **extra)
 
     def __enter__(self) -> AttachedAgent:
         return self
@@ -241,7 +281,8 @@ class AttachedAgent:
     # -- wiring --------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Journal ``run_start`` (and ``restart`` when torchrun restarted the workers)."""
+        """Journal ``run_start`` (and ``restart`` when torchrun restarted the workers); learn
+        the files earlier attempts saved."""
         model = self.agent.model
         first = next(model.parameters(), None) if model is not None else None
         self.agent.start(0, **({"device": first.device.type} if first is not None else {}))
@@ -253,33 +294,76 @@ class AttachedAgent:
         if self._model_hook is not None:
             self._model_hook.remove()
         self.agent.model = model
-        self._model_hook = model.register_forward_pre_hook(self.on_forward, with_kwargs=True)
+        self._params = ParamSample(model)
+        self._model_hook = model.register_forward_pre_hook(ForwardHook(self), with_kwargs=True)
 
     def hook_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Drive steps from ``optimizer``'s own step hooks."""
         self.agent.optimizer = optimizer
-        self._handles.append(optimizer.register_step_pre_hook(self.on_step_begin))
-        self._handles.append(optimizer.register_step_post_hook(self.on_step_end))
+        self._handles.append(optimizer.register_step_pre_hook(StepHook(self, "begin")))
+        self._handles.append(optimizer.register_step_post_hook(StepHook(self, "end")))
 
-    # -- hook entry points ---------------------------------------------------------------
+    # -- the step --------------------------------------------------------------------------
 
     def open_step(self) -> None:
         """Begin the next step unless one is open."""
         if self._open or self._closed:
             return
-        self._open = True
-        self._loss, self.backward_calls = None, 0
+        self._open, self._backward_seen = True, False
+        self._loss, self._grad_norm, self.backward_calls = None, None, 0
         if self._last is None:
             self._last = time.perf_counter()
+        if self._params is not None:
+            self._params.take()
+        self._began = True
         self.agent.begin_step(self.agent.step + 1)
+
+    def _boundary(self) -> None:
+        """At a forward, a backward or a save: end the open step when its update happened
+        (parameters changed) or was given up (gradients cleared, parameters unchanged)."""
+        if not self._open or not self._backward_seen or self._in_step or self._closed:
+            return
+        if self._params is not None and self._params.changed():
+            self.agent.note_update()
+            self._finish()
+        elif self._grads is not None and self._grads.cleared():
+            self._finish()
+
+    def _finish(self) -> None:
+        """Journal the open step (its update observed or not) and end it."""
+        now = time.perf_counter()
+        started = self._last if self._last is not None else now
+        self._last = now
+        if self._grad_norm is None and self.agent.check_due and self.agent.optimizer is None:
+            self._grad_norm = self._norm()
+        loss = float(self._loss) if self._loss is not None else math.nan
+        fields: dict[str, Any] = {"loss": loss, "grad_norm": self._grad_norm}
+        if self._lr is not None:
+            fields["lr"] = self._lr
+        self.agent.observe_step(**fields, step_time=now - started)
+        self._open = self._in_step = self._backward_seen = False
+        self._loss = self._lr = None
+        self.agent.end_step()
+        if self.on_first_step is not None:
+            callback, self.on_first_step = self.on_first_step, None
+            callback()
+
+    def _norm(self) -> float | None:
+        optimizer, model = self.agent.optimizer, self.agent.model
+        if optimizer is not None:
+            return grad_norm(p for g in optimizer.param_groups for p in g["params"])
+        return grad_norm(model.parameters()) if model is not None else None
+
+    # -- hook entry points ---------------------------------------------------------------
 
     def on_forward(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        """Model forward: opens the step; batch faults replace the first tensor argument
-        (or ``input_ids=``) unless `wrap_batches` feeds them."""
+        """Model forward: may end the last step, opens the next; batch faults replace the
+        first tensor argument (or ``input_ids=``) unless `wrap_batches` feeds them."""
         if self._in_step or self._closed or not torch.is_grad_enabled():
             return None
+        self._boundary()
         self.open_step()
         if self._own_batches:
             return None
@@ -289,46 +373,253 @@ class AttachedAgent:
         new_kwargs = replace_first(kwargs, self.agent.batch)  # input_ids=, when given
         return None if new_kwargs is kwargs else (args, new_kwargs)
 
-    def on_backward(self, tensor: torch.Tensor) -> None:
-        """``tensor.backward()``: opens the step; a scalar is the step's loss."""
+    def before_backward(self, tensor: torch.Tensor) -> None:
+        """``tensor.backward()``: may end the last step, opens the next; a scalar is the
+        step's loss."""
         if self._in_step or self._closed:
             return
+        self._boundary()
         self.open_step()
+        self._backward_seen = True
         self.backward_calls += 1
         if tensor.numel() == 1:
             self._loss = tensor.detach()
 
-    def on_step_begin(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        """Optimizer step pre-hook: gradient faults, gradient norm, lr, lr faults."""
+    def after_backward(self, tensor: torch.Tensor) -> None:
+        """Backward returned: journal what gradient faults did; mark the gradients."""
+        if not self._open or self._in_step or self._closed:
+            return
+        self.agent.after_backward()
+        if self.agent.check_due:
+            self._grad_norm = self._norm()  # before any clipping, as the reference trainer's
+        model = self.agent.model
+        if model is not None:
+            self._grads = GradMark.of(model, self._grads)
+
+    def on_step_begin(self, optimizer: torch.optim.Optimizer) -> None:
+        """Optimizer step pre-hook: lr and lr faults."""
         if optimizer is not self.agent.optimizer or self._in_step or self._closed:
             return
         self.open_step()
         self._in_step = True
-        self.agent.after_backward()
-        self._grad_norm = grad_norm(optimizer)
+        if not self._backward_seen:
+            self.agent.after_backward()  # gradients came some other way: report faults now
+            if self.agent.check_due:
+                self._grad_norm = self._norm()
+        self._backward_seen = True
         self._lr = float(optimizer.param_groups[0]["lr"])
         self.agent.before_optimizer_step()
 
-    def on_step_end(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def on_step_end(self, optimizer: torch.optim.Optimizer) -> None:
         """Optimizer step post-hook: weight faults, the `step` event, end-of-step faults."""
         if optimizer is not self.agent.optimizer or not self._in_step or self._closed:
             return
         self.agent.after_optimizer_step()
-        now = time.perf_counter()
-        started = self._last if self._last is not None else now
-        self._last = now
-        loss = float(self._loss) if self._loss is not None else math.nan
-        self.agent.observe_step(
-            loss=loss, grad_norm=self._grad_norm, lr=self._lr, step_time=now - started
+        self._finish()
+
+    # -- files (harness.files) -----------------------------------------------------------
+
+    def before_save(self, obj: object) -> Callable[[], None]:
+        """A save: a step whose update happened by hand ends first; the agent's own hooks
+        leave the module while it is pickled, so nothing of the agent is in the file."""
+        self._boundary()
+        return strip_hooks(obj)
+
+    def saved(self, path: Path, sha256: str, size: int, api: str) -> None:
+        """Journal the save; remember its hash and step."""
+        if self._closed:
+            return
+        self._saves[str(path)] = (sha256, self.agent.step)
+        self.agent.claim("file_saved", path=str(path), sha256=sha256, bytes=size, api=api)
+        self.agent.file_saved(str(path))
+
+    def loaded(self, path: Path, sha256: str, api: str) -> None:
+        """Journal the load against the file's last save; a process that has not trained yet
+        resumes counting from the step of that save."""
+        if self._closed:
+            return
+        saved = self._last_save(path)
+        fields: dict[str, Any] = {"saved_sha256": None, "saved_step": None, "intact": None}
+        if saved is not None:
+            fields = {
+                "saved_sha256": saved[0],
+                "saved_step": saved[1],
+                "intact": saved[0] == sha256,
+            }
+        self.agent.claim("file_loaded", path=str(path), sha256=sha256, api=api, **fields)
+        if saved is not None and not self._began and not self._open:
+            self.agent.step = saved[1]
+
+    def load_failed(self, path: Path, sha256: str | None, error: BaseException, api: str) -> None:
+        """Journal a load that raised."""
+        if self._closed:
+            return
+        saved = self._last_save(path)
+        intact = None if saved is None or sha256 is None else saved[0] == sha256
+        self.agent.claim(
+            "file_load_failed",
+            path=str(path),
+            sha256=sha256,
+            intact=intact,
+            error=f"{type(error).__name__}: {error}"[:500],
+            api=api,
         )
-        self._open = self._in_step = False
-        self._loss = None
-        self.agent.end_step()
+
+    def _last_save(self, path: Path) -> tuple[str, int] | None:
+        """(sha256, step) of the last save of ``path`` by any rank in any attempt."""
+        key = str(path)
+        found = read_saves(self.agent.run_dir).get(key)
+        return found or self._saves.get(key)
+
+
+def read_saves(run_dir: Path) -> dict[str, tuple[str, int]]:
+    """path -> (sha256, step) of the last ``file_saved`` of each path in the run's journals."""
+    folder = run_dir / JOURNAL_DIR
+    saves: dict[str, tuple[float, str, int]] = {}
+    for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for event in read_journal_file(path, warn=False):
+            if event.kind != "file_saved":
+                continue
+            where, sha = event.get("path"), event.get("sha256")
+            fresher = where not in saves or saves[str(where)][0] <= event.wall
+            if isinstance(where, str) and isinstance(sha, str) and fresher:
+                saves[where] = (event.wall, sha, event.step)
+    return {where: (sha, step) for where, (_, sha, step) in saves.items()}
+
+
+class ParamSample:
+    """A few elements of a few parameters, to tell cheaply whether an update happened.
+
+    The first, the last and the largest trainable parameters, 32 elements each spread over
+    the tensor, compared as raw bytes (a NaN equals itself)."""
+
+    ELEMENTS = 32
+
+    def __init__(self, model: nn.Module) -> None:
+        params = [p for p in model.parameters() if p.requires_grad and p.numel()]
+        chosen = {id(p): p for p in [*params[:1], *params[-1:]]}
+        if params:
+            largest = max(params, key=lambda p: p.numel())
+            chosen[id(largest)] = largest
+        self.params = list(chosen.values())
+        self._saved: list[torch.Tensor] = []
+
+    def _now(self) -> list[torch.Tensor]:
+        with torch.no_grad():
+            out = []
+            for p in self.params:
+                flat = p.detach().reshape(-1)
+                stride = max(1, flat.numel() // self.ELEMENTS)
+                out.append(flat[::stride][: self.ELEMENTS].clone().view(torch.uint8))
+            return out
+
+    def take(self) -> None:
+        """Remember the parameters as they are now."""
+        self._saved = self._now()
+
+    def changed(self) -> bool:
+        """True when any sampled element differs from what `take` saw."""
+        return any(not torch.equal(a, b) for a, b in zip(self._now(), self._saved, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class GradMark:
+    """One gradient as a backward left it, to tell later whether it was cleared."""
+
+    param: torch.Tensor
+    grad: torch.Tensor
+    sample: torch.Tensor
+
+    @classmethod
+    def of(cls, model: nn.Module, last: GradMark | None) -> GradMark | None:
+        """A mark of the last parameter that has a gradient (the one marked before, if any)."""
+        param = last.param if last is not None and last.param.grad is not None else None
+        if param is None:
+            param = next(
+                (p for p in reversed(list(model.parameters())) if p.grad is not None), None
+            )
+        if param is None or param.grad is None:
+            return None
+        return cls(param, param.grad, _sample(param.grad))
+
+    def cleared(self) -> bool:
+        """True when the gradient is gone, replaced or changed (zeroed) since the mark."""
+        grad = self.param.grad
+        return grad is None or grad is not self.grad or not torch.equal(_sample(grad), self.sample)
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // 32)][:32].clone().view(torch.uint8)
+
+
+class ForwardHook:
+    """The model's forward pre-hook. A copy of the model (``copy.deepcopy``, pickling)
+    gets no agent: the hook copies as one that does nothing, and saves strip it."""
+
+    def __init__(self, attached: AttachedAgent) -> None:
+        self.attached = attached
+
+    def __call__(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if module is not self.attached.agent.model:
+            return None
+        return self.attached.on_forward(module, args, kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
+
+
+class StepHook:
+    """An optimizer step hook (``begin`` or ``end``); copies and pickles as `Inert`."""
+
+    def __init__(self, attached: AttachedAgent, which: str) -> None:
+        self.attached, self.which = attached, which
+
+    def __call__(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self.which == "begin":
+            self.attached.on_step_begin(optimizer)
+        else:
+            self.attached.on_step_end(optimizer)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
+
+
+def strip_hooks(obj: object) -> Callable[[], None]:
+    """Take the agent's hooks (and inert copies of them) off every module in ``obj`` (a
+    module, or a dict, list or tuple holding modules); returns what puts them back."""
+    modules = [obj] if isinstance(obj, nn.Module) else []
+    if isinstance(obj, dict):
+        modules = [v for v in obj.values() if isinstance(v, nn.Module)]
+    elif isinstance(obj, (list, tuple)):
+        modules = [v for v in obj if isinstance(v, nn.Module)]
+    taken: list[tuple[dict[int, Any], int, Any]] = []
+    for root in modules:
+        for module in root.modules():
+            hooks = module._forward_pre_hooks
+            for key, hook in list(hooks.items()):
+                if isinstance(hook, (ForwardHook, Inert)):
+                    taken.append((hooks, key, hook))
+                    del hooks[key]
+
+    def restore() -> None:
+        for hooks, key, hook in taken:
+            hooks[key] = hook
+
+    return restore
 
 
 def attach(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None = None,
     *,
     run_dir: str | os.PathLike[str],
     plan: FaultPlan | str | os.PathLike[str] | None = None,
@@ -336,7 +627,8 @@ def attach(
     world_size: int | None = None,
     check_params_every: int = 10,
 ) -> AttachedAgent:
-    """Attach an agent to ``model`` and ``optimizer``; the step loop needs no other change."""
+    """Attach an agent to ``model`` and ``optimizer`` (None for a trainer that updates by
+    hand); the step loop needs no other change."""
     if plan is not None and not isinstance(plan, FaultPlan):
         plan = FaultPlan.from_yaml(Path(plan))
     check_plan(plan or FaultPlan())
@@ -346,7 +638,8 @@ def attach(
     agent.check_params_every = check_params_every
     attached = AttachedAgent(agent)
     attached.set_model(target)
-    attached.hook_optimizer(optimizer)
+    if optimizer is not None:
+        attached.hook_optimizer(optimizer)
     attached.begin()
     return attached
 

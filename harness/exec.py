@@ -198,9 +198,12 @@ class Runtime:
             return None
         model = unwrap(module)
         self._candidates.append(model)
-        if self.attached is not None:
+        if self.attached is None:
+            self.attached = self._attach(model)
+        elif self.attached.agent.model is None:  # started by a file load: the model now
+            self.attached.set_model(model)
+        else:
             return None
-        self.attached = self._attach(model)
         if model is not module:
             return None  # the wrapped model's own hook fires inside the wrapper's forward
         # The model's own hook was registered too late for this call: act for it here.

@@ -1,0 +1,157 @@
+"""Observed checkpoints: every file the trainer saves or loads, seen by the agent itself.
+
+While an agent is attached, ``torch.save`` / ``torch.load`` (and safetensors'
+``save_file`` / ``load_file`` when installed) are wrapped. A save of a file (a path, or a
+file object with a real path) is reported with the SHA-256 of its bytes just after the
+save; a load with the SHA-256 of the bytes it read, before the load runs; a load that
+raises with the error. Nothing here decides anything: `harness.attach` journals the
+observations and the oracles compare a load's hash with the hash at its last save.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+#: Bytes read at a time while hashing.
+_CHUNK = 1 << 20
+
+
+class FileListener(Protocol):
+    """What is told of the trainer's saves and loads."""
+
+    def before_save(self, obj: object) -> Callable[[], None]:
+        """A save of ``obj`` begins; returns what to call when it is over."""
+        ...
+
+    def saved(self, path: Path, sha256: str, size: int, api: str) -> None:
+        """``path`` was written; its bytes hash to ``sha256``."""
+        ...
+
+    def loaded(self, path: Path, sha256: str, api: str) -> None:
+        """``path`` (whose bytes hash to ``sha256``) was loaded without error."""
+        ...
+
+    def load_failed(self, path: Path, sha256: str | None, error: BaseException, api: str) -> None:
+        """Loading ``path`` raised ``error``."""
+        ...
+
+
+_listeners: list[FileListener] = []
+_originals: dict[tuple[object, str], Callable[..., Any]] = {}
+
+
+def file_path(f: object) -> Path | None:
+    """The absolute path a save or load goes to, when it is a file on disk."""
+    if isinstance(f, (str, os.PathLike)):
+        return Path(os.path.abspath(os.fspath(f)))
+    name = getattr(f, "name", None)
+    if isinstance(name, str) and os.path.isfile(name):
+        return Path(os.path.abspath(name))
+    return None
+
+
+def digest(path: Path) -> tuple[str, int] | None:
+    """(SHA-256, size) of a file's bytes; None when it cannot be read."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+    except OSError:
+        return None
+    return h.hexdigest(), size
+
+
+def _wrap_save(original: Callable[..., Any], api: str, target: int) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        if not _listeners:
+            return original(*args, **kwargs)
+        obj = args[0] if args else kwargs.get("obj", kwargs.get("tensors"))
+        where = args[target] if len(args) > target else kwargs.get("f", kwargs.get("filename"))
+        afters = [listener.before_save(obj) for listener in tuple(_listeners)]
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            for after in afters:
+                after()
+        path = file_path(where)
+        if path is not None:
+            flush = getattr(where, "flush", None)
+            if callable(flush):
+                flush()
+            found = digest(path)
+            if found is not None:
+                for listener in tuple(_listeners):
+                    listener.saved(path, found[0], found[1], api)
+        return result
+
+    return save
+
+
+def _wrap_load(original: Callable[..., Any], api: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        if not _listeners:
+            return original(*args, **kwargs)
+        where = args[0] if args else kwargs.get("f", kwargs.get("filename"))
+        path = file_path(where)
+        found = digest(path) if path is not None else None
+        try:
+            result = original(*args, **kwargs)
+        except Exception as exc:
+            if path is not None:
+                for listener in tuple(_listeners):
+                    listener.load_failed(path, found[0] if found else None, exc, api)
+            raise
+        if path is not None and found is not None:
+            for listener in tuple(_listeners):
+                listener.loaded(path, found[0], api)
+        return result
+
+    return load
+
+
+def _patch(owner: object, name: str, wrapper: Callable[..., Any]) -> None:
+    if (owner, name) not in _originals:
+        _originals[(owner, name)] = getattr(owner, name)
+        setattr(owner, name, wrapper)
+
+
+def _install() -> None:
+    """Wrap the save and load functions (once; they pass straight through with no listener)."""
+    import torch.serialization as serialization
+
+    save = _wrap_save(serialization.save, "torch.save", 1)
+    load = _wrap_load(serialization.load, "torch.load")
+    for owner in (torch, serialization):
+        _patch(owner, "save", save)
+        _patch(owner, "load", load)
+    if importlib.util.find_spec("safetensors") is not None:
+        import safetensors.torch as st  # type: ignore[import-not-found,unused-ignore]
+
+        _patch(st, "save_file", _wrap_save(st.save_file, "safetensors.save_file", 1))
+        _patch(st, "load_file", _wrap_load(st.load_file, "safetensors.load_file"))
+
+
+def add_file_listener(listener: FileListener) -> None:
+    """Tell ``listener`` of every file saved or loaded from now on."""
+    _install()
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_file_listener(listener: FileListener) -> None:
+    """Stop telling ``listener``; the wrappers stay and pass straight through."""
+    if listener in _listeners:
+        _listeners.remove(listener)
