@@ -22,7 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import TightropeError
-from harness.launch import LOG_FILE, custom_command, reference_command, run_process, trainer_env
+from harness.launch import (
+    LOG_FILE,
+    custom_command,
+    reference_command,
+    run_process,
+    trainer_cwd,
+    trainer_env,
+)
 from harness.scenario import TrainerSpec
 
 DONE_FILE = "baseline.json"
@@ -103,6 +110,7 @@ def baseline_run(
                 deadline=time.monotonic() + spec.timeout,
                 env=trainer_env(spec),
                 on_poll=(lambda: on_poll(run_dir)) if on_poll else None,
+                cwd=trainer_cwd(spec, run_dir),
             )
             if launch.timed_out or launch.exit_code != 0:
                 how = (

@@ -91,15 +91,36 @@ def reference_command(
 
 
 def custom_command(spec: TrainerSpec, run_dir: Path, plan: Path | None) -> list[str]:
-    """A user's trainer command, placeholders filled, run through ``tightrope exec``."""
+    """A user's trainer command, placeholders filled, run through ``tightrope exec``.
+
+    It runs in another working directory (`trainer_cwd`), so every argument that names a
+    file here becomes an absolute path."""
     assert spec.command is not None
     user = split_command(
         spec.command, run_dir=run_dir, steps=spec.steps, seed=spec.seed, world_size=spec.world_size
     )
+    user = [str(Path(word).resolve()) if _names_a_file(word) else word for word in user]
     head = [sys.executable, "-m", "harness.cli", "exec", "--run-dir", str(run_dir)]
     if plan is not None:
         head += ["--plan", str(plan)]
     return [*head, "--", *user]
+
+
+def _names_a_file(word: str) -> bool:
+    if word.startswith("-") or Path(word).is_absolute():
+        return False
+    try:
+        return Path(word).is_file()
+    except OSError:  # a word too long to be a path
+        return False
+
+
+def trainer_cwd(spec: TrainerSpec, run_dir: Path) -> Path | None:
+    """Where a command trainer runs: ``cwd`` when given, else its own run dir; None (here)
+    for the reference trainer."""
+    if spec.command is None:
+        return None
+    return Path(spec.cwd).resolve() if spec.cwd is not None else run_dir.resolve()
 
 
 def split_command(command: str, **values: object) -> list[str]:
@@ -136,6 +157,7 @@ def run_process(
     deadline: float,
     env: dict[str, str],
     on_poll: Callable[[], None] | None = None,
+    cwd: Path | None = None,
 ) -> Launch:
     """Run ``argv`` with output appended to ``log``; kill its whole group at ``deadline``.
 
@@ -154,6 +176,7 @@ def run_process(
                 env=env,
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
+                cwd=cwd,
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror}") from exc
@@ -194,5 +217,9 @@ def trainer_env(spec: TrainerSpec) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    if spec.command is not None:
+        # It runs elsewhere (trainer_cwd): `python -m pkg` still finds what it found here.
+        here = [os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+        env["PYTHONPATH"] = os.pathsep.join(here)
     env.update(spec.env)
     return env

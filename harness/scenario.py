@@ -113,6 +113,13 @@ class TrainerSpec(_Model):
         description="Seconds before the watchdog kills the run and scores it as an error.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
+    cwd: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Working directory of a command trainer; default: the scenario's own run "
+        "dir, so files a trainer writes next to itself (./snapshot.pt) belong to one scenario. "
+        "Arguments that name files where tightrope runs are passed as absolute paths.",
+    )
 
     @field_validator("disable")
     @classmethod
@@ -133,6 +140,8 @@ class TrainerSpec(_Model):
             raise ValueError(
                 "disable and resume_after apply to the reference trainer, not to a command"
             )
+        if self.cwd is not None and self.command is None:
+            raise ValueError("cwd applies to a command trainer; the reference trainer has none")
         if self.launcher == "docker":
             if self.command is not None:
                 raise ValueError("launcher docker runs the reference trainer, not a command")
@@ -164,7 +173,8 @@ class TrainerSpec(_Model):
         """What makes two runs the same configuration (the baseline cache key's part)."""
         # How the run is launched (a stop and resume, containers) is not what it computes.
         return self.model_dump(
-            mode="json", exclude={"timeout", "resume_after", "launcher", "nodes", "min_nodes"}
+            mode="json",
+            exclude={"timeout", "resume_after", "launcher", "nodes", "min_nodes", "cwd"},
         )
 
 
@@ -222,8 +232,11 @@ class Expect(_Model):
         """Names of the checks asked for (a value of false or null asks for none)."""
         return [name for name, value in self if value is not None and value is not False]
 
-    def needs_baseline(self) -> bool:
-        """True when a check compares against the fault-free run."""
+    def needs_baseline(self, command: bool = False) -> bool:
+        """True when a check compares against the fault-free run; for a command trainer,
+        ``completed`` too (its last step is the one the fault-free run reaches)."""
+        if command and self.completed:
+            return True
         return self.final_loss_within is not None or self.max_false_alarms is not None
 
 

@@ -13,12 +13,9 @@ from typing import Literal
 from harness.journal import Event
 from harness.oracles.base import ExpectOracle
 from harness.oracles.manifests import CheckpointState, inspect_checkpoint
-from harness.oracles.timeline import faults, plural
+from harness.oracles.timeline import damaged_paths, faults, plural
 from harness.verdict import Check, Evidence
 
-#: Keys of a fault's details that name what it damaged. Not every path there was damaged:
-#: a swap's ``source`` was only read.
-DAMAGE_KEYS = ("file", "path", "files")
 #: Corrupt loads named one by one in the detail; the rest are counted.
 NAMED = 3
 
@@ -33,17 +30,6 @@ def _forms(path: Path) -> set[Path]:
 
 def _within(path: Path, directory: Path) -> bool:
     return any(p.is_relative_to(d) for p in _forms(path) for d in _forms(directory))
-
-
-def damaged_paths(fault: Event) -> list[Path]:
-    """The files or folders a `fault_injected` event says it damaged."""
-    named: list[object] = [fault.get("target")]
-    details = fault.get("details")
-    if isinstance(details, dict):
-        for key in DAMAGE_KEYS:
-            value = details.get(key)
-            named += value if isinstance(value, list) else [value]
-    return [Path(p) for p in named if isinstance(p, str) and p]
 
 
 def locate(raw: str, run_dir: Path) -> Path:
@@ -76,7 +62,8 @@ class _Load:
 
 @dataclass(frozen=True)
 class NoCorruptCheckpointLoadedOracle(ExpectOracle):
-    """Every checkpoint the run loaded verifies against its manifest, parents included."""
+    """Every checkpoint the run loaded verifies: the reference trainer's against its manifest
+    (parents included), any file the agent saw loaded against the hash it had when saved."""
 
     name = "no_corrupt_checkpoint_loaded"
 
@@ -103,10 +90,22 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
                 unverifiable += 1
             elif verdict == "corrupt":
                 corrupt.append(f"{Path(raw).name} ({why})")
+        # Loads the agent observed itself: the bytes loaded against the bytes saved.
+        observed = journal.of_kind("file_loaded")
+        for event in observed:
+            intact = event.get("intact")
+            if intact is False:
+                corrupt.append(
+                    f"{Path(str(event.get('path'))).name} (its bytes differ from those saved "
+                    f"at step {event.get('saved_step')})"
+                )
+            elif intact is not True:
+                unverifiable += 1  # a file the run never saved: nothing to compare with
+        loads = [*loads, *observed]
         expected = "0 corrupt loads"
         if not loads:
             return self.not_judged(
-                "no checkpoint was loaded, so no load could be checked",
+                "no checkpoint load was observed, so no load could be checked",
                 unit="",
                 expected=expected,
                 loads=0,

@@ -1,4 +1,8 @@
-"""Was the fault seen, how soon, and does the fault-free run cry wolf?"""
+"""Was the fault seen, how soon, and does the fault-free run cry wolf?
+
+Detection is judged from what the run did (`harness.oracles.timeline.responses`): the
+faulted step skipped, a rollback, a restart, a damaged file refused. A trainer's own
+claims (``detected`` events) count only when such a response backs them."""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.oracles.base import ExpectOracle
-from harness.oracles.timeline import NO_FAULT, at_or_after, detections, first_fault, plural
+from harness.oracles.timeline import NO_FAULT, corroborated, detections, first_fault, plural
 from harness.scenario import DetectedExpect
 from harness.verdict import Check, Evidence
 
@@ -45,12 +49,18 @@ class DetectedOracle(ExpectOracle):
             return self.not_judged(
                 f"{NO_FAULT}, so there was nothing to detect", unit="steps", expected=expected
             )
-        after = [d for d in detections(evidence.journal) if at_or_after(d.event, fault)]
+        after, words = corroborated(evidence.journal, fault)
         counted = [d for d in after if not self.detectors or d.detector in self.detectors]
         if not counted:
             others = sorted({d.detector for d in after})
             by = f" by {' or '.join(self.detectors)}" if self.detectors else ""
             besides = f"; only {', '.join(others)} fired" if others else ""
+            if words:
+                claimed = ", ".join(sorted({d.detector for d in words}))
+                besides += (
+                    f"; the trainer claimed {claimed}, but nothing it did shows it (no step "
+                    "skipped, rolled back or restarted, no file refused)"
+                )
             return self.verdict(
                 False,
                 None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness.journal import Event, Journal
@@ -23,6 +24,11 @@ DETECTION_KINDS = {
     "checkpoint_rejected": "checkpoint_integrity",
     "rank_lost": "rank_lost",
 }
+
+
+#: Keys of a fault's details that name what it damaged. Not every path there was damaged:
+#: a swap's ``source`` was only read.
+DAMAGE_KEYS = ("file", "path", "files")
 
 
 def as_float(value: Any) -> float | None:
@@ -99,6 +105,70 @@ def detections(journal: Journal) -> list[Detection]:
         detector = DETECTION_KINDS[event.kind] or str(event.get("detector", "unnamed"))
         found.append(Detection(event, detector))
     return found
+
+
+#: Detectors whose evidence the agent observed itself (no trainer's word in it).
+OBSERVED = ("skipped_step", "rollback", "restart", "checkpoint_integrity")
+
+
+def responses(journal: Journal, fault: Event) -> list[Detection]:
+    """What the run observably did about a fault, whatever it claimed, in journal order:
+
+    - ``skipped_step``: a step at or after the fault ended with no update (any rank);
+    - ``rollback``: rank 0 trained a step number again that it had trained before;
+    - ``restart``: the launcher restarted the workers;
+    - ``checkpoint_integrity``: a load raised and the trainer then loaded another file, or
+      it loaded an intact file of its own while a file the fault damaged was there to load.
+    """
+    damaged = {str(p) for f in faults(journal) for p in damaged_paths(f, with_target=False)}
+    found: list[Detection] = []
+    trained: set[int] = set()
+    failed: list[Event] = []
+    for event in journal:
+        after = at_or_after(event, fault)
+        if event.kind == "step" and event.rank == LEAD_RANK:
+            if after and event.step in trained:
+                found.append(Detection(event, "rollback"))
+            trained.add(event.step)
+        if not after:
+            continue
+        if event.kind == "step" and skipped(event):
+            found.append(Detection(event, "skipped_step"))
+        elif event.kind == "restart":
+            found.append(Detection(event, "restart"))
+        elif event.kind == "file_load_failed":
+            failed.append(event)
+        elif event.kind == "file_loaded":
+            path = event.get("path")
+            if any(f.get("path") != path for f in failed) or (
+                event.get("intact") is True and damaged and path not in damaged
+            ):
+                found.append(Detection(event, "checkpoint_integrity"))
+    return found
+
+
+def corroborated(journal: Journal, fault: Event) -> tuple[list[Detection], list[Detection]]:
+    """(detections that count, claims that do not): what was observed, and the trainer's
+    claims at or after the fault when an observed response backs them; a claim with no
+    observed response behind it is only a word."""
+    observed = responses(journal, fault)
+    claims = [d for d in detections(journal) if at_or_after(d.event, fault)]
+    if not observed:
+        return [], claims
+    counted = sorted([*observed, *claims], key=lambda d: d.event.wall)
+    return counted, []
+
+
+def damaged_paths(fault: Event, *, with_target: bool = True) -> list[Path]:
+    """The files or folders a `fault_injected` event says it damaged (its target too,
+    unless ``with_target`` is false: a numeric fault's target is a parameter glob)."""
+    named: list[object] = [fault.get("target")] if with_target else []
+    details = fault.get("details")
+    if isinstance(details, dict):
+        for key in DAMAGE_KEYS:
+            value = details.get(key)
+            named += value if isinstance(value, list) else [value]
+    return [Path(p) for p in named if isinstance(p, str) and p]
 
 
 def plural(count: int, noun: str) -> str:
