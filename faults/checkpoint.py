@@ -402,7 +402,6 @@ class SwapSpec(CheckpointFileSpec):
         default="previous", pattern=_WHICH, description="Checkpoint the twin comes from."
     )
 
-
     @model_validator(mode="after")
     def _checkpoints_only(self) -> SwapSpec:
         if self.path is not None:

@@ -32,6 +32,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,10 @@ class Agent:
         self._fired: set[tuple[int, int]] = set()  # (plan index, step) already injected
         self._current: int | None = None  # plan index of the injector running a hook
         self._grad_hooks: list[RemovableHandle] = []
-        self._waiting: list[int] = []  # plan indexes of triggered faults waiting for a save
-        self._updated = False  # the step's update happened (observed)
+        #: (plan index, trigger step) of triggered faults waiting for a save
+        self._waiting: list[tuple[int, int]] = []
+        self._saved: list[str] = []  # files saved since the last step began
+        self._updated: bool | None = False  # the step's update happened (None: unknown)
         self.pids: dict[int, int] = {rank: os.getpid()}
         self.remember_fired(earlier)
         self.channel: ControlChannel | None = None
@@ -136,6 +139,8 @@ class Agent:
         self.step = step
         self._injected_this_step = self._updated = False
         self._remove_grad_hooks()
+        if self._saved:
+            self._damage_saved()
         if self._timed:
             self._agree_timers(step)
         if self.board is not None:
@@ -152,18 +157,29 @@ class Agent:
             self._hook_gradients()
             for injector in self._active:
                 index = self._index[id(injector)]
-                if injector.waits_for_save() and index not in self._waiting:
-                    self._waiting.append(index)
+                if injector.waits_for_save() and index not in [i for i, _ in self._waiting]:
+                    self._waiting.append((index, step))
 
     def file_saved(self, path: str) -> None:
-        """The trainer saved ``path``: triggered faults waiting for a save may act on it."""
-        for index in list(self._waiting):
-            injector = self._injectors[index][1]
-            self._current = index
-            records = injector.on_file_saved(self.context(), path)
-            self._record(records)
-            if records:
-                self._waiting.remove(index)
+        """The trainer saved ``path``: triggered faults waiting for a save act on it when the
+        next step begins (the trainer's own save procedure, a digest beside the file say,
+        is over by then)."""
+        self._saved.append(path)
+
+    def _damage_saved(self) -> None:
+        saved, self._saved = self._saved, []
+        for path in saved:
+            for index, trigger in list(self._waiting):
+                injector = self._injectors[index][1]
+                self._current = index
+                records = injector.on_file_saved(self.context(), path)
+                if not records:
+                    continue
+                # Its trigger step, replayed after a restart, does not arm it again.
+                self._fired.add((index, trigger))
+                self._record([replace(r, details={**r.details, "trigger_step": trigger})
+                              for r in records])  # fmt: skip
+                self._waiting.remove((index, trigger))
         self._current = None
 
     def _hook_gradients(self) -> None:
@@ -203,10 +219,10 @@ class Agent:
         self._updated = True
         self._run(lambda inj, ctx: inj.after_optimizer_step(ctx))
 
-    def note_update(self) -> None:
+    def note_update(self, known: bool = True) -> None:
         """The step's update happened without ``optimizer.step`` (a trainer that updates the
-        parameters by hand)."""
-        self._updated = True
+        parameters by hand); ``known=False``: whether it happened cannot be told."""
+        self._updated = True if known else None
 
     @property
     def check_due(self) -> bool:
@@ -218,7 +234,8 @@ class Agent:
     def observe_step(self, **observations: Any) -> None:
         """Journal the `step` event with what the agent observed itself: whether the update
         happened (``skipped``) and, when due, whether every parameter is finite."""
-        observations["skipped"] = not self._updated
+        if self._updated is not None:
+            observations["skipped"] = not self._updated
         if self.check_due and self.model is not None:
             observations["params_finite"] = params_finite(self.model)
         self.journal.emit("step", self.step, **observations)
@@ -344,9 +361,12 @@ class Agent:
         """Learn from earlier ``fault_injected`` events (of a previous attempt of this run)
         which faults already happened, so a restarted job does not meet them again."""
         for event in events:
-            index = event.get("details", {}).get("plan_index")
+            details = event.get("details", {})
+            index = details.get("plan_index")
             if event.kind == "fault_injected" and event.rank == self.rank and index is not None:
                 self._fired.add((int(index), event.step))
+                if (trigger := details.get("trigger_step")) is not None:
+                    self._fired.add((int(index), int(trigger)))
 
 
 class GradientHook:

@@ -195,7 +195,7 @@ class AttachedAgent:
         self._pid = os.getpid()
         self._params: ParamSample | None = None  # the parameters as the step began
         self._grads: GradMark | None = None  # a gradient as the last backward left it
-        self._saves: dict[str, tuple[str, int]] = {}  # path -> (sha256, step) of its last save
+        self._saves: list[SavedFile] = []  # this process's saves (also in its journal)
         self._began = False  # a step began in this process
         #: Called once, when the first step ends (exec mode stops looking for the model).
         self.on_first_step: Callable[[], None] | None = None
@@ -233,7 +233,8 @@ class AttachedAgent:
             yield batch
 
     def close(self, status: str = "completed", reason: str = "") -> None:
-        """End any open step, remove every hook and journal ``run_end`` with the agent's
+        """End any open step (journaled only when the run completed: a step an exception
+        broke off is no step), remove every hook and journal ``run_end`` with the agent's
         last look at the parameters; idempotent."""
         if self._closed:
             return
@@ -244,10 +245,11 @@ class AttachedAgent:
         for handle in [*self._handles, *([self._model_hook] if self._model_hook else [])]:
             handle.remove()
         try:
-            if self._open and self._backward_seen:
-                if self._params is not None and self._params.changed():
+            if self._open and self._backward_seen and status == "completed":
+                changed = self._params is not None and self._params.changed()
+                if changed:
                     self.agent.note_update()
-                self._finish()
+                self._finish(update_known=changed or self._params is None or self._params.finite())
             elif self._open:
                 self.agent.end_step()  # undo temporary changes (lr spike, forward hooks)
         finally:
@@ -327,10 +329,12 @@ class AttachedAgent:
             self.agent.note_update()
             self._finish()
         elif self._grads is not None and self._grads.cleared():
-            self._finish()
+            # Weights already non-finite stay NaN whatever an update does: unknown, not skipped.
+            known = self._params is None or self._params.finite()
+            self._finish(update_known=known)
 
-    def _finish(self) -> None:
-        """Journal the open step (its update observed or not) and end it."""
+    def _finish(self, update_known: bool = True) -> None:
+        """Journal the open step (its update observed, or not, or unknown) and end it."""
         now = time.perf_counter()
         started = self._last if self._last is not None else now
         self._last = now
@@ -340,6 +344,8 @@ class AttachedAgent:
         fields: dict[str, Any] = {"loss": loss, "grad_norm": self._grad_norm}
         if self._lr is not None:
             fields["lr"] = self._lr
+        if not update_known:
+            self.agent.note_update(known=False)
         self.agent.observe_step(**fields, step_time=now - started)
         self._open = self._in_step = self._backward_seen = False
         self._loss = self._lr = None
@@ -429,33 +435,26 @@ class AttachedAgent:
         """Journal the save; remember its hash and step."""
         if self._closed:
             return
-        self._saves[str(path)] = (sha256, self.agent.step)
+        self._saves.append(SavedFile(time.time(), str(path), sha256, self.agent.step))
         self.agent.claim("file_saved", path=str(path), sha256=sha256, bytes=size, api=api)
         self.agent.file_saved(str(path))
 
     def loaded(self, path: Path, sha256: str, api: str) -> None:
-        """Journal the load against the file's last save; a process that has not trained yet
-        resumes counting from the step of that save."""
+        """Journal the load against the run's saves; a process that has not trained yet
+        resumes counting from the step of the save whose bytes it loaded."""
         if self._closed:
             return
-        saved = self._last_save(path)
-        fields: dict[str, Any] = {"saved_sha256": None, "saved_step": None, "intact": None}
-        if saved is not None:
-            fields = {
-                "saved_sha256": saved[0],
-                "saved_step": saved[1],
-                "intact": saved[0] == sha256,
-            }
-        self.agent.claim("file_loaded", path=str(path), sha256=sha256, api=api, **fields)
-        if saved is not None and not self._began and not self._open:
-            self.agent.step = saved[1]
+        match = self._match(path, sha256)
+        self.agent.claim("file_loaded", path=str(path), sha256=sha256, api=api, **match.fields())
+        # Damaged or not, the trainer resumes from what that save held.
+        if match.step is not None and not self._began and not self._open:
+            self.agent.step = match.step
 
     def load_failed(self, path: Path, sha256: str | None, error: BaseException, api: str) -> None:
         """Journal a load that raised."""
         if self._closed:
             return
-        saved = self._last_save(path)
-        intact = None if saved is None or sha256 is None else saved[0] == sha256
+        intact = self._match(path, sha256).intact if sha256 is not None else None
         self.agent.claim(
             "file_load_failed",
             path=str(path),
@@ -465,26 +464,58 @@ class AttachedAgent:
             api=api,
         )
 
-    def _last_save(self, path: Path) -> tuple[str, int] | None:
-        """(sha256, step) of the last save of ``path`` by any rank in any attempt."""
-        key = str(path)
-        found = read_saves(self.agent.run_dir).get(key)
-        return found or self._saves.get(key)
+    def _match(self, path: Path, sha256: str) -> SaveMatch:
+        """What the run's observed saves (every rank, every attempt) say of these bytes."""
+        saves = [*read_saves(self.agent.run_dir), *self._saves]
+        return SaveMatch.of(saves, str(path), sha256)
 
 
-def read_saves(run_dir: Path) -> dict[str, tuple[str, int]]:
-    """path -> (sha256, step) of the last ``file_saved`` of each path in the run's journals."""
+@dataclass(frozen=True, slots=True)
+class SavedFile:
+    """One observed save: when, where, the bytes' hash, the step."""
+
+    wall: float
+    path: str
+    sha256: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveMatch:
+    """A load compared with the saves: intact when its bytes are those of a save (of this
+    file, or of one renamed since, like ``snapshot.pt.prev``); not intact when the run saved
+    this file but never these bytes; unknown (None) for a file the run never saved."""
+
+    intact: bool | None
+    sha256: str | None = None
+    step: int | None = None
+
+    @classmethod
+    def of(cls, saves: list[SavedFile], path: str, sha256: str) -> SaveMatch:
+        """The match of ``path`` with bytes ``sha256`` among ``saves``."""
+        same = sorted((s for s in saves if s.sha256 == sha256), key=lambda s: s.wall)
+        if same:
+            return cls(True, same[-1].sha256, same[-1].step)
+        here = sorted((s for s in saves if s.path == path), key=lambda s: s.wall)
+        if here:
+            return cls(False, here[-1].sha256, here[-1].step)
+        return cls(None)
+
+    def fields(self) -> dict[str, Any]:
+        """The `file_loaded` fields."""
+        return {"saved_sha256": self.sha256, "saved_step": self.step, "intact": self.intact}
+
+
+def read_saves(run_dir: Path) -> list[SavedFile]:
+    """Every ``file_saved`` in the run's journals."""
     folder = run_dir / JOURNAL_DIR
-    saves: dict[str, tuple[float, str, int]] = {}
+    saves = []
     for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
         for event in read_journal_file(path, warn=False):
-            if event.kind != "file_saved":
-                continue
             where, sha = event.get("path"), event.get("sha256")
-            fresher = where not in saves or saves[str(where)][0] <= event.wall
-            if isinstance(where, str) and isinstance(sha, str) and fresher:
-                saves[where] = (event.wall, sha, event.step)
-    return {where: (sha, step) for where, (_, sha, step) in saves.items()}
+            if event.kind == "file_saved" and isinstance(where, str) and isinstance(sha, str):
+                saves.append(SavedFile(event.wall, where, sha, event.step))
+    return saves
 
 
 class ParamSample:
@@ -510,7 +541,7 @@ class ParamSample:
             for p in self.params:
                 flat = p.detach().reshape(-1)
                 stride = max(1, flat.numel() // self.ELEMENTS)
-                out.append(flat[::stride][: self.ELEMENTS].clone().view(torch.uint8))
+                out.append(flat[::stride][: self.ELEMENTS].clone())
             return out
 
     def take(self) -> None:
@@ -518,8 +549,16 @@ class ParamSample:
         self._saved = self._now()
 
     def changed(self) -> bool:
-        """True when any sampled element differs from what `take` saw."""
-        return any(not torch.equal(a, b) for a, b in zip(self._now(), self._saved, strict=True))
+        """True when any sampled element differs, bit for bit, from what `take` saw."""
+        now = self._now()
+        return any(
+            not torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            for a, b in zip(now, self._saved, strict=True)
+        )
+
+    def finite(self) -> bool:
+        """True when every sampled element is finite."""
+        return all(bool(torch.isfinite(t).all()) for t in self._saved)
 
 
 @dataclass(frozen=True, slots=True)

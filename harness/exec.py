@@ -26,7 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,9 @@ from harness.attach import (
     watch_exit,
 )
 from harness.errors import TightropeError
+from harness.files import add_file_listener, remove_file_listener
 from harness.journal import JOURNAL_DIR
+from harness.process_group import patch_init_process_group
 from harness.process_tree import kill_tree
 
 ENV_RUN_DIR = "TIGHTROPE_RUN_DIR"
@@ -177,6 +179,8 @@ class Runtime:
         ]
         register_optimizer_step_pre_hook(self._step_pre)
         register_optimizer_step_post_hook(self._step_post)
+        add_file_listener(self)  # a snapshot loaded before the first forward starts the agent
+        patch_init_process_group()  # a restarted worker joins without stale addresses
 
     def _attach(self, model: nn.Module | None) -> AttachedAgent:
         rank, world_size = topology()
@@ -186,8 +190,41 @@ class Runtime:
         attached = AttachedAgent(agent)
         if model is not None:
             attached.set_model(model)
+        # A trainer with no optimizer: once its first step ended, the model is known.
+        attached.on_first_step = self._settled
         attached.begin()
+        remove_file_listener(self)
         return attached
+
+    def _settled(self) -> None:
+        """The first step ended: stop looking for the model (the global hooks cost every
+        module call); the optimizer, if one comes later, still binds."""
+        for handle in self._module_hooks:
+            handle.remove()
+        self._module_hooks, self._candidates, self._seen = [], [], set()
+
+    # -- files before the agent exists (harness.files calls these) -------------------------
+
+    def _started(self) -> AttachedAgent:
+        if self.attached is None:
+            self.attached = self._attach(None)
+        return self.attached
+
+    def before_save(self, obj: object) -> Callable[[], None]:
+        """A save before the first forward starts the agent."""
+        return self._started().before_save(obj)
+
+    def saved(self, path: Path, sha256: str, size: int, api: str) -> None:
+        """Forward to the agent this call started."""
+        self._started().saved(path, sha256, size, api)
+
+    def loaded(self, path: Path, sha256: str, api: str) -> None:
+        """A load before the first forward (a resume) starts the agent."""
+        self._started().loaded(path, sha256, api)
+
+    def load_failed(self, path: Path, sha256: str | None, error: BaseException, api: str) -> None:
+        """A failed load before the first forward starts the agent."""
+        self._started().load_failed(path, sha256, error, api)
 
     def _forward_pre(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         self._depth += 1

@@ -192,15 +192,16 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 sha256=FieldSpec("str", "SHA-256 of its bytes when loaded.", required=True),
                 saved_sha256=FieldSpec(
                     "str",
-                    "SHA-256 at its last observed save; null when the run never saved it.",
+                    "SHA-256 of the matching save (or of this file's last save when none "
+                    "matches); null when the run never saved it.",
                     nullable=True,
                 ),
-                saved_step=FieldSpec(
-                    "int", "Step at its last observed save; null as above.", nullable=True
-                ),
+                saved_step=FieldSpec("int", "Step of that save; null as above.", nullable=True),
                 intact=FieldSpec(
                     "bool",
-                    "The bytes loaded are the bytes saved; null when never saved in the run.",
+                    "The bytes loaded are those of an observed save (of this file, or of one "
+                    "renamed since); false when the run saved this file but never these "
+                    "bytes; null when it never saved it.",
                     nullable=True,
                 ),
                 api=FieldSpec("str", "The call that loaded it (torch.load, ...)."),

@@ -9,19 +9,19 @@ at its deadline; the launch then counts as timed out, never as a hung suite.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import TightropeError
+from harness.process_tree import MARK, kill_marked, kill_tree
 from harness.scenario import TrainerSpec
 
 LOG_FILE = "trainer.log"
@@ -97,12 +97,17 @@ def custom_command(spec: TrainerSpec, run_dir: Path, plan: Path | None) -> list[
     file here becomes an absolute path."""
     assert spec.command is not None
     user = split_command(
-        spec.command, run_dir=run_dir, steps=spec.steps, seed=spec.seed, world_size=spec.world_size
+        spec.command,
+        run_dir=run_dir.resolve(),
+        steps=spec.steps,
+        seed=spec.seed,
+        world_size=spec.world_size,
+        python=sys.executable,
     )
     user = [str(Path(word).resolve()) if _names_a_file(word) else word for word in user]
-    head = [sys.executable, "-m", "harness.cli", "exec", "--run-dir", str(run_dir)]
+    head = [sys.executable, "-m", "harness.cli", "exec", "--run-dir", str(run_dir.resolve())]
     if plan is not None:
-        head += ["--plan", str(plan)]
+        head += ["--plan", str(plan.resolve())]
     return [*head, "--", *user]
 
 
@@ -145,7 +150,9 @@ def check_command(spec: TrainerSpec) -> None:
     """Refuse, before anything runs, a command whose program does not exist."""
     if spec.command is None:
         return
-    program = split_command(spec.command, run_dir="RUN", steps=1, seed=0, world_size=1)[0]
+    program = split_command(
+        spec.command, run_dir="RUN", steps=1, seed=0, world_size=1, python=sys.executable
+    )[0]
     if shutil.which(program) is None and not Path(program).is_file():
         raise LaunchError(f"trainer command {spec.command!r}: program {program!r} not found")
 
@@ -165,6 +172,9 @@ def run_process(
     the process lives (progress display).
     """
     started = time.monotonic()
+    # Every process of the launch inherits the mark, so none escapes the clean-up below.
+    mark = uuid.uuid4().hex
+    env = {**env, MARK: mark}
     with open(log, "ab") as out:
         out.write(f"$ {shlex.join(argv)}\n".encode())
         out.flush()
@@ -190,17 +200,15 @@ def run_process(
                     on_poll()
                 if time.monotonic() >= deadline:
                     timed_out = True
-                    _kill_group(proc)
+                    # SIGKILL: a hung rank may be stopped (SIGSTOP) and ignore anything else.
+                    kill_tree(proc.pid)
+                    proc.wait()
                     code = None
                     break
+    # Whatever the launch left behind (a worker orphaned by a killed launcher, a trainer's
+    # background child) ends with it.
+    kill_marked(mark)
     return Launch(code, timed_out, time.monotonic() - started)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    # SIGKILL, not SIGTERM: a hung rank may be stopped (SIGSTOP) and ignore anything else.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def log_tail(log: Path, lines: int = _TAIL_LINES) -> str:

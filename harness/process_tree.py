@@ -66,3 +66,33 @@ def kill_tree(pid: int) -> None:
     _signal(pid, signal.SIGKILL)
     for child in frozen:
         _signal(child, signal.SIGKILL)
+
+
+#: The environment variable that marks every process of one launch.
+MARK = "TIGHTROPE_LAUNCH"
+
+
+def marked(mark: str) -> list[int]:
+    """Processes whose environment carries ``MARK=mark`` (inherited by everything a launch
+    started, in whatever session or parent it ended up)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(os.path.join(entry.path, "environ"), "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:
+            continue  # it exited while we looked, or is not ours to read
+    return found
+
+
+def kill_marked(mark: str) -> int:
+    """SIGKILL every process left over from the launch ``mark`` (stopped ones too: SIGKILL
+    ends a stopped process); the number killed."""
+    left = marked(mark)
+    for pid in left:
+        _signal(pid, signal.SIGKILL)
+    return len(left)

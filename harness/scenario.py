@@ -67,7 +67,8 @@ class TrainerSpec(_Model):
     command: str | None = Field(
         default=None,
         description="Run this trainer instead of the reference one, through the zero-code "
-        "attach (`tightrope exec`). Placeholders: {run_dir}, {steps}, {seed}, {world_size}.",
+        "attach (`tightrope exec`). Placeholders: {run_dir}, {steps}, {seed}, {world_size}, "
+        "{python} (the interpreter tightrope runs on).",
     )
     world_size: int = Field(default=1, ge=1, le=64, description="Ranks (torchrun when > 1).")
     launcher: Literal["local", "docker"] = Field(

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import PrefixStore
-from torch.distributed.rendezvous import rendezvous
 
-#: Tries at joining the process group before giving up (see `join`).
-JOIN_ATTEMPTS = 4
-_JOIN_BACKOFF = 0.5
+from harness import process_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,39 +46,15 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
 
 
 def join(backend: str, dev: torch.device, restart: int, timeout: timedelta) -> int:
-    """Join the default process group through torchrun's store; returns the failed tries.
-
-    torchrun's store outlives a restart, and the process group writes every rank's address
-    under the same keys each time: a restarted worker could read the address of a worker
-    that died with the last attempt and fail with ``connectFullMesh ... Connection
-    refused``. Keys under a prefix of their own per restart and per try cannot be stale;
-    a try that fails anyway is retried with backoff.
-    """
-    for attempt in range(JOIN_ATTEMPTS):
-        store, rank, world_size = next(rendezvous("env://", timeout=timeout))
-        store.set_timeout(timeout)
-        prefixed = PrefixStore(f"tightrope/restart-{restart}/try-{attempt}", store)
-        try:
-            dist.init_process_group(
-                backend=backend,
-                store=prefixed,
-                rank=rank,
-                world_size=world_size,
-                timeout=timeout,
-                device_id=dev if dev.type == "cuda" else None,
-            )
-            return attempt
-        except (RuntimeError, dist.DistError) as exc:
-            if attempt == JOIN_ATTEMPTS - 1:
-                raise
-            print(
-                f"[rank {rank}] joining the process group failed ({exc}); "
-                f"retry {attempt + 1} of {JOIN_ATTEMPTS - 1}",
-                file=sys.stderr,
-                flush=True,
-            )
-            time.sleep(_JOIN_BACKOFF * 2**attempt)
-    raise AssertionError("unreachable")
+    """Join the default process group through torchrun's store; returns the failed tries
+    (keys under a prefix per restart and try: see `harness.process_group`)."""
+    return process_group.join(
+        dist.init_process_group,
+        restart=restart,
+        timeout=timeout,
+        backend=backend,
+        device_id=dev if dev.type == "cuda" else None,
+    )
 
 
 def init(device: str = "auto", timeout: float | None = None) -> Topology:

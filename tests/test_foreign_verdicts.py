@@ -1,0 +1,162 @@
+"""Verdicts on trainers written elsewhere: the table of what each check must say.
+
+`tests/trainers/` holds trainers written the way people write them (a tutorial loop, a
+``GradScaler`` loop, a manual SGD update, a torchrun DDP script with snapshots), none of
+which knows tightrope; `tests/trainers/verdicts.yaml` runs each, guarded and unguarded,
+under the faults that matter to it, through the zero-code attach. Each guarded trainer must
+pass and each unguarded one must fail exactly the checks its missing guard covers, with
+the lost work counted exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.journal import read_journal
+from harness.results import SuiteResult
+from harness.runner import RunOptions, run_suite
+from harness.suite_loader import load_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "tests" / "trainers" / "verdicts.yaml"
+
+P, F = "passed", "failed"
+#: scenario -> check -> (status, figure); None: any figure.
+#: nan: detected, params_finite, max_lost_steps, completed.
+#: snapshot: detected, completed, max_lost_steps, no_corrupt_checkpoint_loaded.
+TABLE: dict[str, dict[str, tuple[str, object]]] = {
+    # No guard: the NaN update goes through; nothing the trainer did shows it noticed.
+    "tutorial-nan": {
+        "detected": (F, None),
+        "params_finite": (F, None),
+        "max_lost_steps": (P, 0),
+        "completed": (P, 30),
+    },
+    # The guard skips the faulted step (observed: no optimizer.step, the gradients cleared).
+    "tutorial-guard-nan": {
+        "detected": (P, 0),
+        "params_finite": (P, 0),
+        "max_lost_steps": (P, 1),
+        "completed": (P, 30),
+    },
+    # clip_grad_norm_(error_if_nonfinite=True) raises on the NaN, which it can only do
+    # because the NaN is there before clipping.
+    "tutorial-clip-strict-nan": {
+        "detected": (P, 0),
+        "params_finite": (P, 0),
+        "max_lost_steps": (P, 1),
+        "completed": (P, 30),
+    },
+    # GradScaler sees the inf during unscale_ and skips optimizer.step.
+    "amp-inf": {
+        "detected": (P, 0),
+        "params_finite": (P, 0),
+        "max_lost_steps": (P, 1),
+        "completed": (P, 30),
+    },
+    "amp-no-scaler-inf": {
+        "detected": (F, None),
+        "params_finite": (F, None),
+        "max_lost_steps": (P, 0),
+        "completed": (P, 30),
+    },
+    # No torch.optim: steps are still counted, updates seen as parameters changing.
+    "manual-nan": {
+        "detected": (F, None),
+        "params_finite": (F, None),
+        "max_lost_steps": (P, 0),
+        "completed": (P, 30),
+    },
+    "manual-guard-nan": {
+        "detected": (P, 0),
+        "params_finite": (P, 0),
+        "max_lost_steps": (P, 1),
+        "completed": (P, 30),
+    },
+    # torchrun restarts the job; it resumes from the snapshot of step 16: steps 17-18 redone.
+    "snapshot-kill": {
+        "detected": (P, None),
+        "completed": (P, 40),
+        "max_lost_steps": (P, 2),
+        "no_corrupt_checkpoint_loaded": (P, 0),
+    },
+    # The snapshot of step 16 is damaged on disk; the unguarded trainer loads it on both
+    # ranks (hash at load != hash at save) and trains on.
+    "snapshot-bitflip": {
+        "detected": (P, None),
+        "completed": (P, 40),
+        "max_lost_steps": (P, 2),
+        "no_corrupt_checkpoint_loaded": (F, 2),
+    },
+    # --verify refuses it (its digest) and falls back to the snapshot of step 8: steps 9-18
+    # redone, detection observed as an intact older file loaded instead.
+    "snapshot-verify-bitflip": {
+        "detected": (P, None),
+        "completed": (P, 40),
+        "max_lost_steps": (P, 10),
+        "no_corrupt_checkpoint_loaded": (P, 0),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("foreign")
+
+
+@pytest.fixture(scope="module")
+def verdicts(out_dir: Path) -> SuiteResult:
+    options = RunOptions(out_dir=out_dir / "out", cache_dir=out_dir / "cache", cores=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)  # the suite names its trainers relative to the repository
+        return run_suite(load_suite(SUITE), options, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_every_verdict_on_foreign_trainers_follows_what_they_did(verdicts: SuiteResult) -> None:
+    measured = {
+        r.name: {c.name: (c.status, c.figure) for c in r.checks} for r in verdicts.scenarios
+    }
+    errors = {r.name: r.error for r in verdicts.scenarios if r.error}
+    assert not errors, errors
+    expected = {
+        name: {check: (status, measured.get(name, {}).get(check, (None, None))[1])
+               if figure is None else (status, figure)
+               for check, (status, figure) in checks.items()}
+        for name, checks in TABLE.items()
+    }  # fmt: skip
+    assert measured == expected
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_detection_names_what_the_trainer_did(verdicts: SuiteResult) -> None:
+    detectors = {
+        r.name: c.figures.get("detector")
+        for r in verdicts.scenarios
+        for c in r.checks
+        if c.name == "detected" and c.passed
+    }
+    assert detectors == {
+        "tutorial-guard-nan": "skipped_step",
+        "tutorial-clip-strict-nan": "skipped_step",
+        "amp-inf": "skipped_step",
+        "manual-guard-nan": "skipped_step",
+        "snapshot-kill": "restart",
+        "snapshot-bitflip": "restart",
+        "snapshot-verify-bitflip": "checkpoint_integrity",
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_restarted_job_counts_on_from_its_snapshot(verdicts: SuiteResult, out_dir: Path) -> None:
+    result = next(r for r in verdicts.scenarios if r.name == "snapshot-verify-bitflip")
+    journal = read_journal(out_dir / "out" / result.run_dir)
+    restarted = [e for e in journal if e.kind == "step" and e.rank == 0 and e.restart == 1]
+    assert restarted and restarted[0].step == 9  # the fallback snapshot was saved at step 8
+    [refused] = [e for e in journal.of_kind("file_loaded") if e.rank == 0 and e.restart == 1]
+    assert refused["path"].endswith("snapshot.pt.prev") and refused["intact"] is True
