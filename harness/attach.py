@@ -255,8 +255,26 @@ class AttachedAgent:
         finally:
             self._open = self._in_step = False
             model = self.agent.model
-            extra = {"params_finite": params_finite(model)} if model is not None else {}
+            extra: dict[str, Any] = {}
+            if model is not None:
+                extra["params_finite"] = params_finite(model)
+            if not self._began:
+                extra["no_steps"] = self._why_no_steps()
             self.agent.close(status, reason, **extra)
+
+    def _why_no_steps(self) -> str:
+        """Why no training step was found, in the user's words."""
+        if self.agent.model is None:
+            return (
+                "no module ran forward with grad enabled and trainable parameters, no "
+                "backward() was called on a tensor and no optimizer stepped"
+            )
+        name = type(self.agent.model).__name__
+        return (
+            f"the model ({name}) never ran forward with grad enabled, no backward() was "
+            "called on a tensor (torch.autograd.backward() called directly is not seen) and "
+            "no optimizer stepped"
+        )
 
     def __enter__(self) -> AttachedAgent:
         return self

@@ -1,11 +1,13 @@
 """Observed checkpoints: every file the trainer saves or loads, seen by the agent itself.
 
-While an agent is attached, ``torch.save`` / ``torch.load`` (and safetensors'
-``save_file`` / ``load_file`` when installed) are wrapped. A save of a file (a path, or a
-file object with a real path) is reported with the SHA-256 of its bytes just after the
-save; a load with the SHA-256 of the bytes it read, before the load runs; a load that
-raises with the error. Nothing here decides anything: `harness.attach` journals the
-observations and the oracles compare a load's hash with the hash at its last save.
+While an agent is attached, ``torch.save`` / ``torch.load``, safetensors' ``save_file`` /
+``load_file`` (when installed) and ``torch.distributed.checkpoint.save`` / ``load`` (once
+the trainer imports it; a checkpoint there is a folder, hashed file by file) are wrapped.
+A save of a file (a path, or a file object with a real path) is reported with the SHA-256
+of its bytes just after the save; a load with the SHA-256 of the bytes it read, before the
+load runs; a load that raises with the error. Nothing here decides anything:
+`harness.attach` journals the observations and the oracles compare a load's hash with the
+hash at its last save.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ import functools
 import hashlib
 import importlib.util
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
@@ -49,9 +55,13 @@ _originals: dict[tuple[object, str], Callable[..., Any]] = {}
 
 
 def file_path(f: object) -> Path | None:
-    """The absolute path a save or load goes to, when it is a file on disk."""
+    """The absolute path a save or load goes to, when it is a file (or a checkpoint folder)
+    on disk: a path, a file object with a name, a DCP storage reader or writer's path."""
     if isinstance(f, (str, os.PathLike)):
         return Path(os.path.abspath(os.fspath(f)))
+    storage = getattr(f, "path", None)  # FileSystemReader / FileSystemWriter
+    if isinstance(storage, (str, os.PathLike)):
+        return Path(os.path.abspath(os.fspath(storage)))
     name = getattr(f, "name", None)
     if isinstance(name, str) and os.path.isfile(name):
         return Path(os.path.abspath(name))
@@ -59,17 +69,32 @@ def file_path(f: object) -> Path | None:
 
 
 def digest(path: Path) -> tuple[str, int] | None:
-    """(SHA-256, size) of a file's bytes; None when it cannot be read."""
+    """(SHA-256, size) of a file's bytes, or of a folder's files (names and bytes, in name
+    order); None when it cannot be read."""
     h = hashlib.sha256()
     size = 0
     try:
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-                size += len(chunk)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if file != path:
+                h.update(file.relative_to(path).as_posix().encode() + b"\0")
+            with open(file, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
     except OSError:
         return None
     return h.hexdigest(), size
+
+
+#: Keyword names of where a save or load goes, across the wrapped functions.
+_WHERE = ("f", "filename", "checkpoint_id", "storage_writer", "storage_reader")
+
+
+def _where(args: tuple[Any, ...], kwargs: dict[str, Any], position: int) -> object:
+    if len(args) > position:
+        return args[position]
+    return next((kwargs[k] for k in _WHERE if kwargs.get(k) is not None), None)
 
 
 def _wrap_save(original: Callable[..., Any], api: str, target: int) -> Callable[..., Any]:
@@ -77,8 +102,10 @@ def _wrap_save(original: Callable[..., Any], api: str, target: int) -> Callable[
     def save(*args: Any, **kwargs: Any) -> Any:
         if not _listeners:
             return original(*args, **kwargs)
-        obj = args[0] if args else kwargs.get("obj", kwargs.get("tensors"))
-        where = args[target] if len(args) > target else kwargs.get("f", kwargs.get("filename"))
+        obj = (
+            args[0] if args else kwargs.get("obj", kwargs.get("tensors", kwargs.get("state_dict")))
+        )
+        where = _where(args, kwargs, target)
         afters = [listener.before_save(obj) for listener in tuple(_listeners)]
         try:
             result = original(*args, **kwargs)
@@ -99,12 +126,12 @@ def _wrap_save(original: Callable[..., Any], api: str, target: int) -> Callable[
     return save
 
 
-def _wrap_load(original: Callable[..., Any], api: str) -> Callable[..., Any]:
+def _wrap_load(original: Callable[..., Any], api: str, target: int = 0) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
         if not _listeners:
             return original(*args, **kwargs)
-        where = args[0] if args else kwargs.get("f", kwargs.get("filename"))
+        where = _where(args, kwargs, target)
         path = file_path(where)
         found = digest(path) if path is not None else None
         try:
@@ -142,6 +169,46 @@ def _install() -> None:
 
         _patch(st, "save_file", _wrap_save(st.save_file, "safetensors.save_file", 1))
         _patch(st, "load_file", _wrap_load(st.load_file, "safetensors.load_file"))
+    # Importing torch.distributed.checkpoint costs start-up time: wrap it once the trainer
+    # imports it (its positional argument is the state dict; where is a keyword).
+    if DCP in sys.modules:
+        _patch_dcp()
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(DCP, _patch_dcp))
+
+
+DCP = "torch.distributed.checkpoint"
+
+
+def _patch_dcp() -> None:
+    dcp = sys.modules[DCP]
+    _patch(dcp, "save", _wrap_save(dcp.save, "torch.distributed.checkpoint.save", 1))
+    _patch(dcp, "load", _wrap_load(dcp.load, "torch.distributed.checkpoint.load", 1))
+
+
+class _AfterImport(MetaPathFinder):
+    """Finds nothing itself; runs ``then`` once the module ``name`` has been imported."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            load(module)
+            self.then()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 def add_file_listener(listener: FileListener) -> None:

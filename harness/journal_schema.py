@@ -254,6 +254,9 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 params_finite=FieldSpec(
                     "bool", "Observed by an attached agent: every parameter finite at the end."
                 ),
+                no_steps=FieldSpec(
+                    "str", "An attached agent that found no training step: why not."
+                ),
             ),
         ),
     }

@@ -145,6 +145,15 @@ def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:
     return f"the trainer crashed (exit code {launch.exit_code}){attempt_errors(journal)}"
 
 
+def _no_steps(journal: Journal) -> str | None:
+    """The error of a run in which the agent found no training step, with its reason."""
+    if journal.of_kind("step"):
+        return None
+    why = next((str(e.get("no_steps")) for e in journal.of_kind("run_end") if e.get("no_steps")),
+               "no step event in the journal")  # fmt: skip
+    return f"the agent found no training step: {why} (see docs/attach.md)"
+
+
 def attempt_errors(journal: Journal) -> str:
     """The last error of each attempt (torchrun restarts), as ``; attempt N, rank R: ...``."""
     last: dict[int, str] = {}
@@ -225,9 +234,15 @@ class Runner:
                 journal = _read(run_dir)
             except JournalError as exc:
                 result.error = _crash(launch, Journal([]), spec.timeout) or "exited 0"
-                result.error += f"; no journal: the trainer never started ({exc})"
+                never = (
+                    "the agent never attached: the command never imported torch, ran no "
+                    "forward with grad and saved or loaded no file"
+                    if spec.command is not None
+                    else "the trainer never started"
+                )
+                result.error += f"; no journal: {never} ({exc})"
                 return result
-            result.error = _crash(launch, journal, spec.timeout)
+            result.error = _crash(launch, journal, spec.timeout) or _no_steps(journal)
             evidence = Evidence(
                 journal=journal,
                 run_dir=run_dir,

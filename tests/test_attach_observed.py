@@ -202,3 +202,43 @@ def test_saves_and_loads_are_journaled_with_their_hash(tmp_path: Path) -> None:
     assert loads[1]["saved_step"] == 2
     [failed] = journal.of_kind("file_load_failed")  # a load that raised, a missing file too
     assert failed["sha256"] is None and failed["error"].startswith("FileNotFoundError")
+
+
+def test_a_distributed_checkpoint_folder_is_observed_too(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    folder = tmp_path / "dcp"
+    with harness.attach(model, opt, run_dir=tmp_path / "run"):
+        loss_of(model, 0).backward()
+        opt.step()
+        state = {"model": model.state_dict()}
+        dcp.save(state, checkpoint_id=folder, no_dist=True)
+        dcp.load(state, checkpoint_id=folder, no_dist=True)
+        victim = next(p for p in sorted(folder.iterdir()) if p.suffix == ".distcp")
+        raw = bytearray(victim.read_bytes())
+        raw[-9] ^= 0x01
+        victim.write_bytes(bytes(raw))
+        dcp.load(state, checkpoint_id=folder, no_dist=True)
+    journal = read_journal(tmp_path / "run")
+    [save] = journal.of_kind("file_saved")
+    assert save["path"] == str(folder) and save["api"] == "torch.distributed.checkpoint.save"
+    assert [e["intact"] for e in journal.of_kind("file_loaded")] == [True, False]
+
+
+def test_safetensors_files_are_observed(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    path = tmp_path / "model.safetensors"
+    with harness.attach(model, None, run_dir=tmp_path / "run"):
+        # Names bound after attaching (exec attaches before the program imports anything).
+        from safetensors.torch import load_file, save_file
+
+        save_file(model.state_dict(), str(path))
+        model.load_state_dict(load_file(str(path)))
+    journal = read_journal(tmp_path / "run")
+    [save] = journal.of_kind("file_saved")
+    [load] = journal.of_kind("file_loaded")
+    assert save["api"] == "safetensors.save_file" and load["intact"] is True

@@ -129,3 +129,42 @@ def test_a_suite_run_records_seeds_and_keeps_every_run(tmp_path: Path) -> None:
     for name in ("a", "b"):
         assert json.loads((out / "runs" / name / "journal" / "rank-0.jsonl").read_text()
                           .splitlines()[0])["kind"] == "run_start"  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_trainer_whose_steps_cannot_be_found_errors_with_the_reason(tmp_path: Path) -> None:
+    # Forward only, under no_grad: nothing the agent can call a training step.
+    no_grad = (
+        f"{sys.executable} -c 'import torch; m = torch.nn.Linear(2, 2); "
+        "torch.no_grad().__enter__(); m(torch.ones(1, 2)); "
+        'torch.save(m.state_dict(), "w.pt")\''
+    )
+    s = scenario(trainer={"command": no_grad, "steps": 5, "checkpoint_every": 5})
+    result = runner(tmp_path).scenario(s)
+    assert result.status == "error", result
+    assert result.error is not None and "found no training step" in result.error
+    assert "no module ran forward with grad" in result.error
+    # It ran in its own run dir: the file it wrote is the scenario's, not the caller's.
+    assert (tmp_path / "out" / "runs" / "s" / "w.pt").is_file() and not Path("w.pt").exists()
+
+
+@pytest.mark.slow
+def test_an_orphaned_child_of_the_trainer_is_ended_with_the_launch(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    orphan = (
+        f"{sys.executable} -c 'import os, subprocess, sys; "
+        'p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], '
+        f'start_new_session=True); open("{pid_file}", "w").write(str(p.pid))\''
+    )
+    s = scenario(trainer={"command": orphan, "steps": 5, "checkpoint_every": 5})
+    runner(tmp_path).scenario(s)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break  # a zombie waiting for its reaper is ended
+        time.sleep(0.1)
+    alive = Path(f"/proc/{pid}").exists() and (
+        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    )
+    assert not alive

@@ -67,3 +67,20 @@ def test_smoke_separates_the_reference_trainer_from_the_fragile_one(tmp_path: Pa
     again = load_scorecard(tmp_path / "fragile")
     assert again.score == fragile.score
     assert [r.status for r in again.scenarios] == [r.status for r in fragile.scenarios]
+
+
+@pytest.mark.slow
+def test_parallel_scenarios_sharing_a_baseline_give_the_same_verdicts_every_time(
+    tmp_path: Path,
+) -> None:
+    # nan-grad and lr-spike compare with the same fault-free run: with default cores they
+    # start together and both wait for it (they once raced copying it and scored 77.8).
+    verdicts = []
+    for attempt in range(5):
+        options = RunOptions(out_dir=tmp_path / f"out{attempt}", cache_dir=tmp_path / f"c{attempt}")
+        result = run_suite(load_suite(SMOKE), options, select=["nan-grad", "lr-spike"],
+                           progress=False)  # fmt: skip
+        verdicts.append({(r.name, c.name, c.status) for r in result.scenarios for c in r.checks})
+        assert not [r.error for r in result.scenarios if r.error]
+        assert result.score == 100.0
+    assert all(v == verdicts[0] for v in verdicts)
