@@ -52,6 +52,7 @@ from faults import (
     parse_fault,
 )
 from harness.control import ArmedBoard, ControlChannel, register_pid
+from harness.hooks import Inert
 from harness.journal import Event, JournalWriter, journal_path, read_journal_file
 
 
@@ -387,13 +388,6 @@ class GradientHook:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Inert, ())
-
-
-class Inert:
-    """What an agent's hook becomes in a copy of the model: a hook that does nothing."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
 
 def broadcast_text(text: str, rank: int, world_size: int) -> str:

@@ -9,17 +9,15 @@ step is, what is observed and where faults land: `AttachedAgent` and docs/attach
 from __future__ import annotations
 
 import atexit
-import functools
 import math
 import os
 import sys
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, Protocol, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -27,9 +25,17 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan, FaultSpecError
-from harness.agent import Agent, Inert, params_finite
-from harness.files import add_file_listener, remove_file_listener
-from harness.journal import JOURNAL_DIR, journal_path, read_journal_file
+from harness.agent import Agent, params_finite
+from harness.files import SavedFile, SaveMatch, add_file_listener, read_saves, remove_file_listener
+from harness.hooks import (
+    ForwardHook,
+    StepHook,
+    add_backward_listener,
+    remove_backward_listener,
+    strip_hooks,
+)
+from harness.journal import journal_path
+from harness.step_evidence import GradMark, ParamSample
 
 B = TypeVar("B")
 
@@ -63,54 +69,6 @@ def topology(rank: int | None = None, world_size: int | None = None) -> tuple[in
 def restart_count() -> int:
     """How many times torchrun restarted the workers (0 outside torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-# -- torch.Tensor.backward, wrapped while anything listens --------------------------------
-
-
-class BackwardListener(Protocol):
-    """Told of every ``tensor.backward()``: just before it runs, and once it returned."""
-
-    def before_backward(self, tensor: torch.Tensor) -> None:
-        """``tensor.backward()`` is about to run."""
-
-    def after_backward(self, tensor: torch.Tensor) -> None:
-        """It returned: the gradients of this backward are accumulated (and all-reduced)."""
-
-
-_listeners: list[BackwardListener] = []
-_original_backward: Callable[..., Any] | None = None
-
-
-def add_backward_listener(listener: BackwardListener) -> None:
-    """Tell ``listener`` of every ``tensor.backward()`` (wraps it on first use)."""
-    global _original_backward
-    if _original_backward is None:
-        original: Callable[..., Any] = torch.Tensor.backward
-
-        @functools.wraps(original)
-        def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            listening = tuple(_listeners)
-            for each in listening:
-                each.before_backward(self)
-            result = original(self, *args, **kwargs)
-            for each in listening:
-                each.after_backward(self)
-            return result
-
-        _original_backward = original
-        setattr(torch.Tensor, "backward", backward)  # noqa: B010 - mypy refuses a method assign
-    _listeners.append(listener)
-
-
-def remove_backward_listener(listener: BackwardListener) -> None:
-    """Stop telling ``listener``; the original ``backward`` comes back with the last one."""
-    global _original_backward
-    if listener in _listeners:
-        _listeners.remove(listener)
-    if not _listeners and _original_backward is not None:
-        setattr(torch.Tensor, "backward", _original_backward)  # noqa: B010
-        _original_backward = None
 
 
 _exit_status: list[SystemExit] = []  # the last sys.exit call, for the atexit hook
@@ -486,192 +444,6 @@ class AttachedAgent:
         """What the run's observed saves (every rank, every attempt) say of these bytes."""
         saves = [*read_saves(self.agent.run_dir), *self._saves]
         return SaveMatch.of(saves, str(path), sha256)
-
-
-@dataclass(frozen=True, slots=True)
-class SavedFile:
-    """One observed save: when, where, the bytes' hash, the step."""
-
-    wall: float
-    path: str
-    sha256: str
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class SaveMatch:
-    """A load compared with the saves: intact when its bytes are those of a save (of this
-    file, or of one renamed since, like ``snapshot.pt.prev``); not intact when the run saved
-    this file but never these bytes; unknown (None) for a file the run never saved."""
-
-    intact: bool | None
-    sha256: str | None = None
-    step: int | None = None
-
-    @classmethod
-    def of(cls, saves: list[SavedFile], path: str, sha256: str) -> SaveMatch:
-        """The match of ``path`` with bytes ``sha256`` among ``saves``."""
-        same = sorted((s for s in saves if s.sha256 == sha256), key=lambda s: s.wall)
-        if same:
-            return cls(True, same[-1].sha256, same[-1].step)
-        here = sorted((s for s in saves if s.path == path), key=lambda s: s.wall)
-        if here:
-            return cls(False, here[-1].sha256, here[-1].step)
-        return cls(None)
-
-    def fields(self) -> dict[str, Any]:
-        """The `file_loaded` fields."""
-        return {"saved_sha256": self.sha256, "saved_step": self.step, "intact": self.intact}
-
-
-def read_saves(run_dir: Path) -> list[SavedFile]:
-    """Every ``file_saved`` in the run's journals."""
-    folder = run_dir / JOURNAL_DIR
-    saves = []
-    for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
-        for event in read_journal_file(path, warn=False):
-            where, sha = event.get("path"), event.get("sha256")
-            if event.kind == "file_saved" and isinstance(where, str) and isinstance(sha, str):
-                saves.append(SavedFile(event.wall, where, sha, event.step))
-    return saves
-
-
-class ParamSample:
-    """A few elements of a few parameters, to tell cheaply whether an update happened.
-
-    The first, the last and the largest trainable parameters, 32 elements each spread over
-    the tensor, compared as raw bytes (a NaN equals itself)."""
-
-    ELEMENTS = 32
-
-    def __init__(self, model: nn.Module) -> None:
-        params = [p for p in model.parameters() if p.requires_grad and p.numel()]
-        chosen = {id(p): p for p in [*params[:1], *params[-1:]]}
-        if params:
-            largest = max(params, key=lambda p: p.numel())
-            chosen[id(largest)] = largest
-        self.params = list(chosen.values())
-        self._saved: list[torch.Tensor] = []
-
-    def _now(self) -> list[torch.Tensor]:
-        with torch.no_grad():
-            out = []
-            for p in self.params:
-                flat = p.detach().reshape(-1)
-                stride = max(1, flat.numel() // self.ELEMENTS)
-                out.append(flat[::stride][: self.ELEMENTS].clone())
-            return out
-
-    def take(self) -> None:
-        """Remember the parameters as they are now."""
-        self._saved = self._now()
-
-    def changed(self) -> bool:
-        """True when any sampled element differs, bit for bit, from what `take` saw."""
-        now = self._now()
-        return any(
-            not torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-            for a, b in zip(now, self._saved, strict=True)
-        )
-
-    def finite(self) -> bool:
-        """True when every sampled element is finite."""
-        return all(bool(torch.isfinite(t).all()) for t in self._saved)
-
-
-@dataclass(frozen=True, slots=True)
-class GradMark:
-    """One gradient as a backward left it, to tell later whether it was cleared."""
-
-    param: torch.Tensor
-    grad: torch.Tensor
-    sample: torch.Tensor
-
-    @classmethod
-    def of(cls, model: nn.Module, last: GradMark | None) -> GradMark | None:
-        """A mark of the last parameter that has a gradient (the one marked before, if any)."""
-        param = last.param if last is not None and last.param.grad is not None else None
-        if param is None:
-            param = next(
-                (p for p in reversed(list(model.parameters())) if p.grad is not None), None
-            )
-        if param is None or param.grad is None:
-            return None
-        return cls(param, param.grad, _sample(param.grad))
-
-    def cleared(self) -> bool:
-        """True when the gradient is gone, replaced or changed (zeroed) since the mark."""
-        grad = self.param.grad
-        return grad is None or grad is not self.grad or not torch.equal(_sample(grad), self.sample)
-
-
-def _sample(t: torch.Tensor) -> torch.Tensor:
-    flat = t.detach().reshape(-1)
-    return flat[:: max(1, flat.numel() // 32)][:32].clone().view(torch.uint8)
-
-
-class ForwardHook:
-    """The model's forward pre-hook. A copy of the model (``copy.deepcopy``, pickling)
-    gets no agent: the hook copies as one that does nothing, and saves strip it."""
-
-    def __init__(self, attached: AttachedAgent) -> None:
-        self.attached = attached
-
-    def __call__(
-        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        if module is not self.attached.agent.model:
-            return None
-        return self.attached.on_forward(module, args, kwargs)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
-        return Inert()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Inert, ())
-
-
-class StepHook:
-    """An optimizer step hook (``begin`` or ``end``); copies and pickles as `Inert`."""
-
-    def __init__(self, attached: AttachedAgent, which: str) -> None:
-        self.attached, self.which = attached, which
-
-    def __call__(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        if self.which == "begin":
-            self.attached.on_step_begin(optimizer)
-        else:
-            self.attached.on_step_end(optimizer)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
-        return Inert()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Inert, ())
-
-
-def strip_hooks(obj: object) -> Callable[[], None]:
-    """Take the agent's hooks (and inert copies of them) off every module in ``obj`` (a
-    module, or a dict, list or tuple holding modules); returns what puts them back."""
-    modules = [obj] if isinstance(obj, nn.Module) else []
-    if isinstance(obj, dict):
-        modules = [v for v in obj.values() if isinstance(v, nn.Module)]
-    elif isinstance(obj, (list, tuple)):
-        modules = [v for v in obj if isinstance(v, nn.Module)]
-    taken: list[tuple[dict[int, Any], int, Any]] = []
-    for root in modules:
-        for module in root.modules():
-            hooks = module._forward_pre_hooks
-            for key, hook in list(hooks.items()):
-                if isinstance(hook, (ForwardHook, Inert)):
-                    taken.append((hooks, key, hook))
-                    del hooks[key]
-
-    def restore() -> None:
-        for hooks, key, hook in taken:
-            hooks[key] = hook
-
-    return restore
 
 
 def attach(

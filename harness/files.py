@@ -18,6 +18,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -25,6 +26,8 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import torch
+
+from harness.journal import JOURNAL_DIR, read_journal_file
 
 #: Bytes read at a time while hashing.
 _CHUNK = 1 << 20
@@ -222,3 +225,54 @@ def remove_file_listener(listener: FileListener) -> None:
     """Stop telling ``listener``; the wrappers stay and pass straight through."""
     if listener in _listeners:
         _listeners.remove(listener)
+
+
+# -- a load against the run's saves --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SavedFile:
+    """One observed save: when, where, the bytes' hash, the step."""
+
+    wall: float
+    path: str
+    sha256: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveMatch:
+    """A load compared with the saves: intact when its bytes are those of a save (of this
+    file, or of one renamed since, like ``snapshot.pt.prev``); not intact when the run saved
+    this file but never these bytes; unknown (None) for a file the run never saved."""
+
+    intact: bool | None
+    sha256: str | None = None
+    step: int | None = None
+
+    @classmethod
+    def of(cls, saves: list[SavedFile], path: str, sha256: str) -> SaveMatch:
+        """The match of ``path`` with bytes ``sha256`` among ``saves``."""
+        same = sorted((s for s in saves if s.sha256 == sha256), key=lambda s: s.wall)
+        if same:
+            return cls(True, same[-1].sha256, same[-1].step)
+        here = sorted((s for s in saves if s.path == path), key=lambda s: s.wall)
+        if here:
+            return cls(False, here[-1].sha256, here[-1].step)
+        return cls(None)
+
+    def fields(self) -> dict[str, Any]:
+        """The `file_loaded` fields."""
+        return {"saved_sha256": self.sha256, "saved_step": self.step, "intact": self.intact}
+
+
+def read_saves(run_dir: Path) -> list[SavedFile]:
+    """Every ``file_saved`` in the run's journals."""
+    folder = run_dir / JOURNAL_DIR
+    saves = []
+    for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for event in read_journal_file(path, warn=False):
+            where, sha = event.get("path"), event.get("sha256")
+            if event.kind == "file_saved" and isinstance(where, str) and isinstance(sha, str):
+                saves.append(SavedFile(event.wall, where, sha, event.step))
+    return saves

@@ -1,0 +1,83 @@
+"""Evidence of what a step did, read cheaply: did the parameters change (an update), were
+the gradients cleared (an update given up)? Samples, compared bit for bit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class ParamSample:
+    """A few elements of a few parameters, to tell cheaply whether an update happened.
+
+    The first, the last and the largest trainable parameters, 32 elements each spread over
+    the tensor, compared as raw bytes (a NaN equals itself)."""
+
+    ELEMENTS = 32
+
+    def __init__(self, model: nn.Module) -> None:
+        params = [p for p in model.parameters() if p.requires_grad and p.numel()]
+        chosen = {id(p): p for p in [*params[:1], *params[-1:]]}
+        if params:
+            largest = max(params, key=lambda p: p.numel())
+            chosen[id(largest)] = largest
+        self.params = list(chosen.values())
+        self._saved: list[torch.Tensor] = []
+
+    def _now(self) -> list[torch.Tensor]:
+        with torch.no_grad():
+            out = []
+            for p in self.params:
+                flat = p.detach().reshape(-1)
+                stride = max(1, flat.numel() // self.ELEMENTS)
+                out.append(flat[::stride][: self.ELEMENTS].clone())
+            return out
+
+    def take(self) -> None:
+        """Remember the parameters as they are now."""
+        self._saved = self._now()
+
+    def changed(self) -> bool:
+        """True when any sampled element differs, bit for bit, from what `take` saw."""
+        now = self._now()
+        return any(
+            not torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            for a, b in zip(now, self._saved, strict=True)
+        )
+
+    def finite(self) -> bool:
+        """True when every sampled element is finite."""
+        return all(bool(torch.isfinite(t).all()) for t in self._saved)
+
+
+@dataclass(frozen=True, slots=True)
+class GradMark:
+    """One gradient as a backward left it, to tell later whether it was cleared."""
+
+    param: torch.Tensor
+    grad: torch.Tensor
+    sample: torch.Tensor
+
+    @classmethod
+    def of(cls, model: nn.Module, last: GradMark | None) -> GradMark | None:
+        """A mark of the last parameter that has a gradient (the one marked before, if any)."""
+        param = last.param if last is not None and last.param.grad is not None else None
+        if param is None:
+            param = next(
+                (p for p in reversed(list(model.parameters())) if p.grad is not None), None
+            )
+        if param is None or param.grad is None:
+            return None
+        return cls(param, param.grad, _sample(param.grad))
+
+    def cleared(self) -> bool:
+        """True when the gradient is gone, replaced or changed (zeroed) since the mark."""
+        grad = self.param.grad
+        return grad is None or grad is not self.grad or not torch.equal(_sample(grad), self.sample)
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // 32)][:32].clone().view(torch.uint8)
