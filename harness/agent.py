@@ -269,6 +269,18 @@ class Agent:
         at the current step unless ``step`` says otherwise."""
         self.journal.emit(kind, self.step if step is None else step, **fields)
 
+    def checkpoint_loaded(self, path: str | os.PathLike[str]) -> None:
+        """Journal that the trainer restored the checkpoint folder ``path``, with the agent's
+        own check of it against its manifest, made now (the folder may be gone by the time
+        the run is judged)."""
+        from harness.oracles.manifests import inspect_checkpoint
+
+        state = inspect_checkpoint(Path(path))
+        extra = {"verified_reason": state.reason} if state.reason else {}
+        self.journal.emit(
+            "checkpoint_loaded", self.step, path=str(path), verified=state.status, **extra
+        )
+
     def start(self, step: int, **fields: Any) -> None:
         """Journal ``run_start`` at ``step`` (0 for a fresh run)."""
         self.step = step

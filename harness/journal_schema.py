@@ -166,7 +166,15 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
         ),
         "checkpoint_loaded": (
             "A checkpoint was loaded and its state restored.",
-            _kind(path=FieldSpec("str", "Checkpoint directory.", required=True)),
+            _kind(
+                path=FieldSpec("str", "Checkpoint directory.", required=True),
+                verified=FieldSpec(
+                    "str",
+                    "The agent's own check of the folder against its manifest when it was "
+                    "loaded: intact, corrupt or missing.",
+                ),
+                verified_reason=FieldSpec("str", "Why it was not intact."),
+            ),
         ),
         "checkpoint_rejected": (
             "A checkpoint was refused on load.",

@@ -216,7 +216,7 @@ class Run:
             ckpt.set_rng_state(rng)
         else:  # a rank that did not exist when the checkpoint was taken
             _seed_everything(self.cfg.seed + 1 + self.topo.rank + step * 1009)
-        self.agent.claim("checkpoint_loaded", path=str(path))
+        self.agent.checkpoint_loaded(path)
         return step
 
     # -- the loop ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ Prints ``final loss <repr>`` (rank 0) so runs can be compared bit for bit.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -71,6 +72,9 @@ def main() -> int:
         print(f"final loss {loss.item()!r}", flush=True)
     if world > 1:
         dist.destroy_process_group()
+        # Collect the process group's objects now: left to interpreter exit, gloo's threads
+        # sometimes abort the process ("terminate called without an active exception").
+        gc.collect()
     return args.exit_code
 
 

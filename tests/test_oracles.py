@@ -47,7 +47,8 @@ def test_detected_fails_when_nothing_detects_the_fault(tmp_path: Path) -> None:
 
 
 def test_detected_fails_when_too_late(tmp_path: Path) -> None:
-    run = Run(tmp_path).steps(1, 14).fault(15).steps(15, 18).detect(18, "robust_zscore")
+    run = Run(tmp_path).steps(1, 14).fault(15).steps(15, 17).step(18, skipped=True)
+    run.detect(18, "robust_zscore")
     check = DetectedOracle(within_steps=2).judge(run.steps(19, TARGET).end().evidence())
     assert not check.passed
     assert check.figure == 3 and check.figures["detection_step"] == 18
@@ -58,7 +59,7 @@ def test_detected_counts_only_the_named_detectors(tmp_path: Path) -> None:
     evidence = nan_grad_run(tmp_path).evidence()
     check = DetectedOracle(detectors=("robust_zscore", "forecast")).judge(evidence)
     assert not check.passed
-    assert "only nonfinite_guard fired" in check.detail
+    assert "only nonfinite_guard, skipped_step fired" in check.detail
 
 
 def test_a_detection_before_the_fault_does_not_count(tmp_path: Path) -> None:
@@ -69,13 +70,50 @@ def test_a_detection_before_the_fault_does_not_count(tmp_path: Path) -> None:
 
 def test_rejected_checkpoints_and_lost_ranks_count_as_detections(tmp_path: Path) -> None:
     run = Run(tmp_path).steps(1, 20).fault(20, "bitflip_file", target="ckpt/state.pt")
-    run.emit("checkpoint_rejected", 22, path="ckpt", reason="hash mismatch")
+    run.steps(21, 22).emit("checkpoint_rejected", 22, path="ckpt", reason="hash mismatch")
     run.emit("rank_lost", 23, lost_rank=1)
-    evidence = run.steps(21, TARGET).end().evidence()
+    evidence = run.restart(resume_at=15).steps(16, TARGET).end().evidence()
     integrity = DetectedOracle(within_steps=2, detectors=("checkpoint_integrity",))
     assert integrity.judge(evidence).passed
     lost = DetectedOracle(detectors=("rank_lost",)).judge(evidence)
     assert lost.passed and lost.figure == 3
+
+
+def test_a_claim_with_nothing_behind_it_is_not_a_detection(tmp_path: Path) -> None:
+    # The trainer says "detected" but skips nothing, rolls nothing back, never restarts.
+    run = Run(tmp_path).steps(1, 14).fault(15).steps(15, 16).detect(16, "nonfinite_guard")
+    check = DetectedOracle().judge(run.steps(17, TARGET).end().evidence())
+    assert check.status == "failed"
+    assert "the trainer claimed nonfinite_guard, but nothing it did shows it" in check.detail
+
+
+def test_what_the_trainer_did_is_a_detection_without_any_claim(tmp_path: Path) -> None:
+    skip = Run(tmp_path / "skip").steps(1, 14).fault(15).step(15, skipped=True)
+    check = DetectedOracle(within_steps=0).judge(skip.steps(16, TARGET).end().evidence())
+    assert check.passed and check.figures["detector"] == "skipped_step"
+    again = Run(tmp_path / "again").steps(1, 14).fault(15).steps(15, 17).steps(11, TARGET)
+    check = DetectedOracle(detectors=("rollback",)).judge(again.end().evidence())
+    assert check.passed and check.figures["detection_step"] == 11
+    restart = Run(tmp_path / "restart").steps(1, 14).fault(15, "kill").steps(15, 16)
+    check = DetectedOracle().judge(restart.restart(10).steps(11, TARGET).end().evidence())
+    assert check.passed and check.figures["detector"] == "restart"
+
+
+def test_a_refused_file_is_a_checkpoint_integrity_detection(tmp_path: Path) -> None:
+    snap, prev = str(tmp_path / "snapshot.pt"), str(tmp_path / "snapshot.pt.prev")
+    raised = Run(tmp_path / "raised").steps(1, 16).fault(16, "truncate", file=snap)
+    raised.emit("file_load_failed", 16, path=snap, sha256="b", error="EOFError: x")
+    raised.emit("file_loaded", 16, path=prev, sha256="a", intact=True)
+    detected = DetectedOracle(detectors=("checkpoint_integrity",))
+    assert detected.judge(raised.steps(17, TARGET).end().evidence()).passed
+    # An intact older file of its own loaded while the damaged one was there: refused too.
+    older = Run(tmp_path / "older").steps(1, 16).fault(16, "bitflip_file", file=snap)
+    older.emit("file_loaded", 16, path=prev, sha256="a", intact=True)
+    assert detected.judge(older.steps(17, TARGET).end().evidence()).passed
+    # Loading the damaged file itself is no refusal (negative control).
+    took = Run(tmp_path / "took").steps(1, 16).fault(16, "bitflip_file", file=snap)
+    took.emit("file_loaded", 16, path=snap, sha256="c", intact=False)
+    assert not detected.judge(took.steps(17, TARGET).end().evidence()).passed
 
 
 def test_detected_is_not_judged_when_no_fault_was_injected(tmp_path: Path) -> None:

@@ -155,5 +155,5 @@ def test_no_load_is_not_judged(tmp_path: Path) -> None:
     run = saved_run(tmp_path).steps(21, TARGET).end()
     check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
     assert check.status == "not judged" and not check.passed and check.figure is None
-    assert check.detail.startswith("no checkpoint was loaded")
+    assert check.detail.startswith("no checkpoint load was observed")
     assert check.figures == {"loads": 0, "unverifiable": 0}

@@ -48,7 +48,10 @@ def test_a_plain_trainer_runs_through_the_zero_code_attach(tmp_path: Path) -> No
 def test_the_watchdog_kills_a_hung_trainer_and_scores_it_as_an_error(tmp_path: Path) -> None:
     # A trainer that stops itself (SIGSTOP) ignores everything but SIGKILL.
     hang = f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGSTOP)'"
-    s = scenario(trainer={"command": hang, "timeout": 3, "steps": 5, "checkpoint_every": 5})
+    s = scenario(
+        trainer={"command": hang, "timeout": 3, "steps": 5, "checkpoint_every": 5},
+        expect={"params_finite": True},  # no fault-free run needed: the faulted one hangs
+    )
     started = time.monotonic()
     result = runner(tmp_path).scenario(s)
     assert time.monotonic() - started < 30
@@ -60,10 +63,13 @@ def test_the_watchdog_kills_a_hung_trainer_and_scores_it_as_an_error(tmp_path: P
 @pytest.mark.slow
 def test_a_crashing_trainer_is_an_error_with_its_log_tail(tmp_path: Path) -> None:
     crash = f"{sys.executable} -c 'import sys; sys.exit(\"out of cheese at step 0\")'"
-    s = scenario(trainer={"command": crash, "steps": 5, "checkpoint_every": 5})
+    s = scenario(
+        trainer={"command": crash, "steps": 5, "checkpoint_every": 5},
+        expect={"params_finite": True},
+    )
     result = runner(tmp_path).scenario(s)
     assert result.status == "error" and result.score == 0
-    assert result.error is not None and "never started" in result.error
+    assert result.error is not None and "the agent never attached" in result.error
     assert "out of cheese at step 0" in result.log_tail
 
 
@@ -168,3 +174,20 @@ def test_an_orphaned_child_of_the_trainer_is_ended_with_the_launch(tmp_path: Pat
         Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     )
     assert not alive
+
+
+def test_a_crash_names_the_last_error_of_every_attempt(tmp_path: Path) -> None:
+    from harness.journal import JournalWriter, read_journal
+    from harness.launch import Launch
+    from harness.runner import _crash
+
+    for attempt, why in enumerate(["UnpicklingError: invalid load key", "EOFError: truncated"]):
+        writer = JournalWriter(tmp_path, 0, attempt)
+        writer.emit("run_start", 0, world_size=1, pid=1, host="h")
+        writer.emit("run_end", 3, status="failed", reason=why)
+        writer.close()
+    error = _crash(Launch(1, False, 1.0), read_journal(tmp_path), 60)
+    assert error == (
+        "the trainer crashed (exit code 1); attempt 0, rank 0: UnpicklingError: invalid load "
+        "key; attempt 1, rank 0: EOFError: truncated"
+    )

@@ -160,6 +160,12 @@ def _judge_load(
             # A checkpoint saved again under the same name after the damage is a new one.
             if not saved(name, fault.wall, wall):
                 return "corrupt", f"{fault.get('fault', 'a fault')} hit {name} at step {fault.step}"
+    # The agent checked the folder when it was loaded: that outlives the folder itself.
+    recorded = load.event.get("verified")
+    if recorded == "intact":
+        return "intact", ""
+    if recorded == "corrupt":
+        return "corrupt", str(load.event.get("verified_reason", "corrupt when loaded"))
     state = load.state
     if state.status != "corrupt":
         return ("intact", "") if state.status == "intact" else ("unverifiable", state.reason)

@@ -2,8 +2,9 @@
 with torchrun), on CPU with gloo.
 
 A ``Trainer`` with ``_load_snapshot``/``_save_snapshot``/``_run_epoch``/``train``; rank 0 writes
-``{MODEL_STATE, OPTIMIZER_STATE, EPOCHS_RUN}`` to ``--snapshot`` (relative to the working
-directory) every ``--save-every`` epochs, and a (re)started run resumes from it.
+``{MODEL_STATE, OPTIMIZER_STATE, EPOCHS_RUN}`` (plus the last ``LOSS``, so a run resumed after
+its last epoch still prints it) to ``--snapshot`` (relative to the working directory) every
+``--save-every`` epochs, and a (re)started run resumes from it.
 
 ``torchrun --nproc-per-node 2 tests/trainers/ddp_snapshot.py --steps 60`` (or plain ``python``: one
 process, no process group). ``--verify`` keeps the previous snapshot as ``<snapshot>.prev``, writes
