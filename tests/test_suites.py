@@ -23,8 +23,9 @@ FRAGILE_FAILS = {
     # no spike detectors: nothing notices, nothing rolls back, the loss stays ruined
     "lr-spike": ("failed", {"detected", "final_loss_within"}),
     # no integrity check and no fallback: the unreadable checkpoint is reported, but the
-    # trainer has nothing else to load and stops
-    "truncated-checkpoint": ("error", {"completed"}),
+    # trainer has nothing else to load and stops; its report is a word with no deed behind
+    # it (nothing else loaded, no restart), and no load happened that could be checked
+    "truncated-checkpoint": ("error", {"completed", "detected", "no_corrupt_checkpoint_loaded"}),
     # no dedup: the copies reach the model
     "duplicate-data": ("failed", {"max_contamination_consumed"}),
     # no restarts: the lost process takes the job with it
