@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/suite_time.py
 	$(BIN)/python benchmarks/recovery.py
+	$(BIN)/python benchmarks/agent_overhead.py
 
 clean:
 	rm -rf runs .tightrope-cache .mypy_cache .ruff_cache .pytest_cache
