@@ -28,6 +28,7 @@ has ``after_seconds`` faults (rank 0's clock decides when they fire).
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -54,6 +55,10 @@ from faults import (
 from harness.control import ArmedBoard, ControlChannel, register_pid
 from harness.hooks import Inert
 from harness.journal import Event, JournalWriter, journal_path, read_journal_file
+
+#: Seconds between two looks at the live-control inbox (rank 0): a command waits at most
+#: this long, and a fast loop does not pay a look at every step.
+INBOX_POLL_SECONDS = 0.1
 
 
 class Agent:
@@ -100,6 +105,7 @@ class Agent:
         #: (plan index, trigger step) of triggered faults waiting for a save
         self._waiting: list[tuple[int, int]] = []
         self._saved: list[str] = []  # files saved since the last step began
+        self._next_poll = 0.0  # monotonic time of the next look at the inbox
         self._updated: bool | None = False  # the step's update happened (None: unknown)
         self.pids: dict[int, int] = {rank: os.getpid()}
         self.remember_fired(earlier)
@@ -345,7 +351,10 @@ class Agent:
     def _take_commands(self, step: int) -> None:
         """Live commands: rank 0 reads the inbox and arms each accepted one for a step every
         rank can still meet; every rank takes what rank 0 armed (see harness.control)."""
-        if self.channel is not None:
+        published = False
+        now = time.monotonic()
+        if self.channel is not None and now >= self._next_poll:
+            self._next_poll = now + INBOX_POLL_SECONDS
             for received in self.channel.poll():
                 if received.fault is None:
                     self.journal.emit(
@@ -358,9 +367,12 @@ class Agent:
                 lead = 1 if self.world_size > 1 else 0
                 effective = step + max(received.in_steps, lead)
                 self.channel.publish(received.id, received.fault, effective, self.journal.restart)
+                published = True
                 self.channel.answer(received.id, step=step, accepted=True,
                                     effective_step=effective)  # fmt: skip
         assert self.board is not None
+        if self.world_size == 1 and not published:
+            return  # alone, nothing is armed but what this process just published
         for armed in self.board.take():
             spec = parse_fault({**armed.fault, "at_step": armed.step})
             self._injectors.append((spec, build_injector(spec)))
@@ -423,9 +435,17 @@ def broadcast_text(text: str, rank: int, world_size: int) -> str:
 
 def params_finite(model: nn.Module) -> bool:
     """True when every parameter of ``model`` is finite."""
+    params = [p.detach() for p in model.parameters() if p.numel()]
+    if not params:
+        return True
     with torch.no_grad():
-        flags = [torch.isfinite(p).all() for p in model.parameters()]
-        return bool(torch.stack(flags).all()) if flags else True  # one sync, not one each
+        # The largest magnitude of each tensor (NaN when it holds one): a read per tensor,
+        # no full-size mask, one sync for all.
+        peaks = torch._foreach_norm(params, math.inf)
+        devices: dict[torch.device, list[torch.Tensor]] = {}
+        for peak in peaks:
+            devices.setdefault(peak.device, []).append(peak.float())
+        return all(bool(torch.isfinite(torch.stack(group)).all()) for group in devices.values())
 
 
 def _quietly_read(path: Path) -> list[Event]:

@@ -204,10 +204,12 @@ class AttachedAgent:
             handle.remove()
         try:
             if self._open and self._backward_seen and status == "completed":
-                changed = self._params is not None and self._params.changed()
+                by_hand = self._params is not None and self.agent.optimizer is None
+                changed = by_hand and self._params is not None and self._params.changed()
                 if changed:
                     self.agent.note_update()
-                self._finish(update_known=changed or self._params is None or self._params.finite())
+                known = changed or not by_hand or self._params is None or self._params.finite()
+                self._finish(update_known=known)
             elif self._open:
                 self.agent.end_step()  # undo temporary changes (lr spike, forward hooks)
         finally:
@@ -291,7 +293,8 @@ class AttachedAgent:
         self._loss, self._grad_norm, self.backward_calls = None, None, 0
         if self._last is None:
             self._last = time.perf_counter()
-        if self._params is not None:
+        if self._params is not None and self.agent.optimizer is None:
+            # Only a trainer with no optimizer can update by hand: sample for it alone.
             self._params.take()
         self._began = True
         self.agent.begin_step(self.agent.step + 1)
@@ -301,12 +304,13 @@ class AttachedAgent:
         (parameters changed) or was given up (gradients cleared, parameters unchanged)."""
         if not self._open or not self._backward_seen or self._in_step or self._closed:
             return
-        if self._params is not None and self._params.changed():
+        by_hand = self._params is not None and self.agent.optimizer is None
+        if by_hand and self._params is not None and self._params.changed():
             self.agent.note_update()
             self._finish()
         elif self._grads is not None and self._grads.cleared():
             # Weights already non-finite stay NaN whatever an update does: unknown, not skipped.
-            known = self._params is None or self._params.finite()
+            known = not by_hand or self._params is None or self._params.finite()
             self._finish(update_known=known)
 
     def _finish(self, update_known: bool = True) -> None:

@@ -54,11 +54,13 @@ class ParamSample:
 
 @dataclass(frozen=True, slots=True)
 class GradMark:
-    """One gradient as a backward left it, to tell later whether it was cleared."""
+    """One gradient as a backward left it, to tell later whether it was cleared: gone,
+    replaced, or changed in place (``zero_grad`` without set_to_none, a clip), which its
+    version counter shows without reading a byte of it."""
 
     param: torch.Tensor
     grad: torch.Tensor
-    sample: torch.Tensor
+    version: int
 
     @classmethod
     def of(cls, model: nn.Module, last: GradMark | None) -> GradMark | None:
@@ -70,14 +72,9 @@ class GradMark:
             )
         if param is None or param.grad is None:
             return None
-        return cls(param, param.grad, _sample(param.grad))
+        return cls(param, param.grad, param.grad._version)
 
     def cleared(self) -> bool:
-        """True when the gradient is gone, replaced or changed (zeroed) since the mark."""
+        """True when the gradient is gone, replaced or changed since the mark."""
         grad = self.param.grad
-        return grad is None or grad is not self.grad or not torch.equal(_sample(grad), self.sample)
-
-
-def _sample(t: torch.Tensor) -> torch.Tensor:
-    flat = t.detach().reshape(-1)
-    return flat[:: max(1, flat.numel() // 32)][:32].clone().view(torch.uint8)
+        return grad is None or grad is not self.grad or grad._version != self.version
