@@ -7,11 +7,15 @@ raw bits before and after differ in one position on exactly ``count`` elements.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-import torch
 from pydantic import Field
-from torch import nn
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    from faults.lazy_torch import nn, torch
 
 from faults.errors import InjectionError
 from faults.gradient import GradientFaultSpec, GradientInjector, no_match
@@ -52,12 +56,28 @@ class Layout:
         )
 
 
-LAYOUTS: dict[torch.dtype, Layout] = {
-    torch.float64: Layout(64, 52, torch.int64),
-    torch.float32: Layout(32, 23, torch.int32),
-    torch.float16: Layout(16, 10, torch.int16),
-    torch.bfloat16: Layout(16, 7, torch.int16),
-}
+def layouts() -> dict[torch.dtype, Layout]:
+    """Each floating-point dtype's layout (built on first use: torch loads lazily)."""
+    if not _LAYOUTS:
+        _LAYOUTS.update(
+            {
+                torch.float64: Layout(64, 52, torch.int64),
+                torch.float32: Layout(32, 23, torch.int32),
+                torch.float16: Layout(16, 10, torch.int16),
+                torch.bfloat16: Layout(16, 7, torch.int16),
+            }
+        )
+    return _LAYOUTS
+
+
+_LAYOUTS: dict[torch.dtype, Layout] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``LAYOUTS``: the table of `layouts`, built on first use."""
+    if name == "LAYOUTS":
+        return layouts()
+    raise AttributeError(f"module 'faults.bitflip' has no attribute {name!r}")
 
 
 def flip_mask(bit: int, width: int) -> int:
@@ -188,11 +208,11 @@ class BitflipInjector(GradientInjector[BitflipSpec]):
     def _flip(self, ctx: StepContext, name: str, t: torch.Tensor) -> dict[str, Any]:
         spec = self.spec
         key = (spec.seed, spec.kind, ctx.step, ctx.rank)
-        layout = LAYOUTS.get(t.dtype)
+        layout = layouts().get(t.dtype)
         if layout is None:
             raise InjectionError(
                 f"bitflip: {name} {spec.tensor} is {t.dtype}; supported: "
-                + ", ".join(str(d) for d in LAYOUTS)
+                + ", ".join(str(d) for d in layouts())
             )
         if isinstance(spec.bit, int):
             if spec.bit >= layout.width:

@@ -54,11 +54,37 @@ class CheckpointFaultSpec(FaultSpec):
     fault_class: ClassVar[str] = "checkpoint"
 
     directory: str | None = Field(
-        default=None, min_length=1, description="Default: RUN_DIR/checkpoints."
+        default=None,
+        min_length=1,
+        description="Default: RUN_DIR/checkpoints; relative to RUN_DIR, and inside it.",
     )
+
+    @model_validator(mode="after")
+    def _directory_inside(self) -> CheckpointFaultSpec:
+        if self.directory is not None and ".." in Path(self.directory).parts:
+            raise ValueError(f"directory {self.directory!r} must stay inside the run dir (no '..')")
+        return self
+
     ranks: list[int] | Literal["all", "random"] = Field(
         default=[0], description="Ranks that damage files."
     )
+
+
+def _relative(field: str, value: str, inside: str) -> None:
+    """Refuse a glob that could leave ``inside``: absolute, or with a '..' part."""
+    if Path(value).is_absolute() or ".." in Path(value).parts:
+        raise ValueError(f"{field} {value!r} must stay inside {inside} (relative, no '..')")
+
+
+def contained(path: Path, roots: list[Path], field: str) -> Path:
+    """``path``, once every symlink in it is resolved, when it lies inside one of ``roots``;
+    else an `InjectionError` naming the field that led there. Nothing outside the run (or
+    the trainer's working directory) is ever touched."""
+    real = path.resolve()
+    if not any(real.is_relative_to(root.resolve()) for root in roots):
+        shown = " or ".join(str(r) for r in roots)
+        raise InjectionError(f"{field}: {path} resolves to {real}, outside {shown}; refused")
+    return path
 
 
 class CheckpointFileSpec(CheckpointFaultSpec):
@@ -87,13 +113,9 @@ class CheckpointFileSpec(CheckpointFaultSpec):
 
     @model_validator(mode="after")
     def _path_inside(self) -> CheckpointFileSpec:
+        _relative("file", self.file, "the checkpoint")
         if self.path is not None:
-            parts = Path(self.path).parts
-            if Path(self.path).is_absolute() or ".." in parts:
-                raise ValueError(
-                    f"path {self.path!r} must stay inside the trainer's working directory "
-                    "(relative, no '..')"
-                )
+            _relative("path", self.path, "the trainer's working directory")
             if self.directory is not None:
                 raise ValueError("give path or directory, not both")
         elif self.after_save:
@@ -111,6 +133,8 @@ def checkpoints_root(spec: CheckpointFaultSpec, run_dir: str | Path | None) -> P
         root = Path(run_dir) / (spec.directory or "checkpoints")
     if not root.is_dir():
         raise InjectionError(f"checkpoint directory {root} does not exist")
+    if run_dir is not None:
+        contained(root, [Path(run_dir)], "directory")
     return root
 
 
@@ -248,6 +272,8 @@ class FileInjector(CheckpointInjector[F]):
         return self._damage_files(root, ckpt, files)
 
     def _damage_files(self, root: Path, ckpt: Path, files: list[Path]) -> list[Injection]:
+        field = "path" if self.spec.path is not None else "file"
+        files = [contained(path, [root], field) for path in files]
         plans = [(path, self._prepare(root, ckpt, path)) for path in files]  # check all first
         records = []
         for path, plan in plans:

@@ -15,11 +15,15 @@ before ``optimizer.step``: an explicit choice, never the default.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-import torch
 from pydantic import Field
-from torch import nn
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    from faults.lazy_torch import nn, torch
 
 from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext, matching_parameters, require_model

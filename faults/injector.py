@@ -24,10 +24,13 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    from faults.lazy_torch import nn, torch
 
 from faults.errors import InjectionError
 from faults.spec import FaultSpec

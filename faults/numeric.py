@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 from pydantic import Field
-from torch import nn
-from torch.utils.hooks import RemovableHandle
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.hooks import RemovableHandle
+else:
+    from faults.lazy_torch import nn, torch
 
 from faults.errors import InjectionError
 from faults.gradient import GradientFaultSpec, GradientInjector, no_match

@@ -24,8 +24,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from faults import FaultPlan, FaultSpecError
+from faults import FaultPlan
 from harness.agent import Agent, params_finite
+from harness.exec import check_plan
 from harness.files import SavedFile, SaveMatch, add_file_listener, read_saves, remove_file_listener
 from harness.hooks import (
     ForwardHook,
@@ -86,17 +87,6 @@ def watch_exit() -> None:
 
     exit._tightrope = True  # type: ignore[attr-defined]
     sys.exit = exit
-
-
-def check_plan(plan: FaultPlan) -> FaultPlan:
-    """``plan``, unless it holds a fault an attached trainer cannot meet (a data fault)."""
-    for i, spec in enumerate(plan):
-        if spec.fault_class == "data":
-            raise FaultSpecError(
-                f"plan.faults[{i}]: {spec.kind} acts on the reference trainer's document "
-                "stream; an attached trainer has none (see docs/attach.md)"
-            )
-    return plan
 
 
 def grad_norm(params: Iterable[torch.Tensor]) -> float | None:

@@ -3,7 +3,7 @@
 Python imports ``sitecustomize`` at start-up from the first folder on ``sys.path`` that
 holds one; ``tightrope exec`` puts this folder first on PYTHONPATH. Nothing is imported
 here beyond the standard library: a meta path finder waits for ``import torch`` and calls
-`harness.exec.bootstrap` once torch has loaded, so a process that never imports torch
+`harness.exec_runtime.bootstrap` once torch has loaded, so a process that never imports torch
 (torchrun's helpers, a shell-out to Python) pays nothing. The ``sitecustomize`` this one
 shadows, if any, still runs.
 """
@@ -24,10 +24,10 @@ _HERE = Path(__file__).resolve().parent
 
 def _attach() -> None:
     try:
-        from harness.exec import bootstrap
+        from harness.exec_runtime import bootstrap
     except ImportError:  # tightrope is not installed where this interpreter looks
         sys.path.append(str(_HERE.parent.parent))
-        from harness.exec import bootstrap
+        from harness.exec_runtime import bootstrap
     bootstrap()
 
 
