@@ -293,3 +293,37 @@ def test_kinds_are_registered_with_rank_zero_by_default() -> None:
         assert spec.ranks == [0] and spec.target_ranks(4) == {0}
     with pytest.raises(FaultSpecError, match="offset 100 is no multiple of page_size 4096"):
         parse_fault({"kind": "zero_page", "at_step": 1, "offset": 100}, "plan.faults[0]")
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"file": "../../../../root/.ssh/*"}, "file"),
+        ({"file": "/etc/passwd"}, "file"),
+        ({"path": "../outside.pt"}, "path"),
+        ({"directory": "../elsewhere"}, "directory"),
+    ],
+)
+def test_a_fault_path_that_leaves_the_run_is_refused(fields: dict[str, Any], named: str) -> None:
+    with pytest.raises(FaultSpecError, match=rf"{named} .* must stay inside"):
+        parse_fault({"kind": "bitflip_file", "at_step": 1, **fields})
+
+
+def test_a_symlink_out_of_the_run_is_refused_and_the_target_untouched(
+    run: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "precious.bin"
+    outside.write_bytes(b"keep me" * 100)
+    link = ckpt(run, 30) / "state.pt"
+    link.unlink()
+    link.symlink_to(outside)
+    spec = BitflipFileSpec(at_step=1)
+    with pytest.raises(InjectionError, match=r"file: .* outside .*; refused"):
+        BitflipFileInjector(spec).apply(run)
+    assert outside.read_bytes() == b"keep me" * 100
+    # The trainer's own files (path:) are held to its working directory the same way.
+    (run / "snap.pt").symlink_to(outside)
+    own = BitflipFileInjector(BitflipFileSpec(at_step=1, path="snap.pt"))
+    with pytest.raises(InjectionError, match=r"path: .* outside"):
+        own.apply(run, cwd=str(run))
+    assert outside.read_bytes() == b"keep me" * 100
