@@ -28,11 +28,10 @@ has ``after_seconds`` faults (rank 0's clock decides when they fire).
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -439,13 +438,21 @@ def params_finite(model: nn.Module) -> bool:
     if not params:
         return True
     with torch.no_grad():
-        # The largest magnitude of each tensor (NaN when it holds one): a read per tensor,
-        # no full-size mask, one sync for all.
-        peaks = torch._foreach_norm(params, math.inf)
-        devices: dict[torch.device, list[torch.Tensor]] = {}
-        for peak in peaks:
-            devices.setdefault(peak.device, []).append(peak.float())
-        return all(bool(torch.isfinite(torch.stack(group)).all()) for group in devices.values())
+        # Fast: a NaN or an infinity makes its tensor's norm non-finite (one fused read per
+        # tensor, one sync). Only a non-finite norm needs the exact look, since finite
+        # values past ~1e19 overflow a float32 norm too.
+        norms = torch._foreach_norm(params, 2.0)
+        if _all_finite(norms):
+            return True
+        return all(bool(torch.isfinite(p).all()) for p in params)
+
+
+def _all_finite(values: Sequence[torch.Tensor]) -> bool:
+    """True when every one of these scalars is finite (true), one sync per device."""
+    devices: dict[torch.device, list[torch.Tensor]] = {}
+    for value in values:
+        devices.setdefault(value.device, []).append(value.float())
+    return all(bool(torch.isfinite(torch.stack(group)).all()) for group in devices.values())
 
 
 def _quietly_read(path: Path) -> list[Event]:

@@ -74,3 +74,17 @@ def test_bad_batch_injections_carry_their_plan_index(tmp_path: Path) -> None:
     agent.close("completed")
     (event,) = read_journal(tmp_path).of_kind("fault_injected")
     assert event.step == 2 and event["details"]["plan_index"] == 0
+
+
+def test_params_finite_tells_nan_and_inf_from_huge_finite_weights() -> None:
+    from harness.agent import params_finite
+
+    model = torch.nn.Linear(4, 4)
+    assert params_finite(model)
+    with torch.no_grad():
+        model.weight[0, 0] = 3e38  # finite, yet its norm overflows: the exact look decides
+    assert params_finite(model)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with torch.no_grad():
+            model.weight[1, 1] = bad
+        assert not params_finite(model)
