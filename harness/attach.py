@@ -40,6 +40,11 @@ from harness.step_evidence import GradMark, ParamSample
 
 B = TypeVar("B")
 
+#: Steps between the attached agent's looks at every parameter and gradient (besides every
+#: step with an injection and the end of the run): each is a pass over the model, and a
+#: trainer whose steps the agent did not write pays for it.
+CHECK_EVERY = 50
+
 #: Wrappers (DDP, DataParallel, torch.compile) that hold the user's model, and where.
 WRAPPERS = {
     "DistributedDataParallel": "module",
@@ -448,7 +453,7 @@ def attach(
     plan: FaultPlan | str | os.PathLike[str] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
-    check_params_every: int = 10,
+    check_params_every: int = CHECK_EVERY,
 ) -> AttachedAgent:
     """Attach an agent to ``model`` and ``optimizer`` (None for a trainer that updates by
     hand); the step loop needs no other change."""

@@ -36,7 +36,14 @@ from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan
 from harness.agent import Agent
-from harness.attach import AttachedAgent, restart_count, topology, unwrap, watch_exit
+from harness.attach import (
+    CHECK_EVERY,
+    AttachedAgent,
+    restart_count,
+    topology,
+    unwrap,
+    watch_exit,
+)
 from harness.exec import ENV_PLAN, ENV_RUN_DIR
 from harness.files import add_file_listener, remove_file_listener
 from harness.process_group import patch_init_process_group
@@ -69,7 +76,12 @@ class Runtime:
     def _attach(self, model: nn.Module | None) -> AttachedAgent:
         rank, world_size = topology()
         agent = Agent(
-            self.run_dir, rank=rank, world_size=world_size, restart=restart_count(), plan=self.plan
+            self.run_dir,
+            rank=rank,
+            world_size=world_size,
+            restart=restart_count(),
+            plan=self.plan,
+            check_params_every=CHECK_EVERY,
         )
         attached = AttachedAgent(agent)
         if model is not None:

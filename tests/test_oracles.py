@@ -354,3 +354,12 @@ def test_judge_on_a_handled_fault(tmp_path: Path) -> None:
 )
 def test_figures_keep_four_digits_or_whole_numbers(value: float, shown: object) -> None:
     assert rounded(value) == shown
+
+
+def test_params_finite_counts_the_last_look_at_the_end_of_the_run(tmp_path: Path) -> None:
+    # Steps unchecked (an attached agent looks every 50 steps), the run's end looked.
+    clean = Run(tmp_path / "clean").steps(1, TARGET).end(params_finite=True)
+    check = ParamsFiniteOracle().judge(clean.evidence())
+    assert check.passed and check.figures["observations"] == 1
+    nan = Run(tmp_path / "nan").steps(1, TARGET).end(params_finite=False)
+    assert not ParamsFiniteOracle().judge(nan.evidence()).passed

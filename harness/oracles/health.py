@@ -37,7 +37,8 @@ class ParamsFiniteOracle(ExpectOracle):
     def judge(self, evidence: Evidence) -> Check:
         """Count of observations of non-finite parameters or of an unguarded NaN loss."""
         journal = evidence.journal
-        observed = [e for e in journal.of_kind("step") if "params_finite" in e.fields]
+        # Every step's check, and the attached agent's last look in run_end.
+        observed = [e for e in journal.of_kind("step", "run_end") if "params_finite" in e.fields]
         bad = [e for e in observed if e.get("params_finite") is not True]
         for rank in journal.ranks:
             steps = journal.steps(rank)
@@ -49,7 +50,9 @@ class ParamsFiniteOracle(ExpectOracle):
                 bad.append(last)
         if not observed and not bad:
             return self.not_judged(
-                "never observed: no step event carries params_finite", unit="", expected="true"
+                "never observed: no step or run_end event carries params_finite",
+                unit="",
+                expected="true",
             )
         if bad:
             first = min(bad, key=lambda e: e.wall)
