@@ -89,7 +89,10 @@ class JournalWriter:
             "step": step,
         }
         record.update(fields)
-        line = json.dumps(json_safe(record), separators=(",", ":"), allow_nan=False)
+        try:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a NaN or an infinity: written as a string (see json_safe)
+            line = json.dumps(json_safe(record), separators=(",", ":"), allow_nan=False)
         with self._lock:
             if self._file.closed:
                 raise JournalError(f"journal {self.path} is closed; cannot write {kind!r}")
