@@ -23,11 +23,13 @@ and in collectives, against the bare trainer measured in the same command, besid
 
 ``ms/step (median)`` is the median of all per-step times (``time.perf_counter`` around a
 whole step); ``mean`` is the median over rounds of each round's mean step time (each round
-has a multiple of 10 measured steps, so the every-10th-step parameter check is in it at its
-share); ``floor`` is, for each position in a round, the fastest step at that position in
-any round, averaged over the positions (the check again at its share). Other work on the
-machine only ever adds time to a step, and on a shared machine it moves the median and mean
-ratios by several per cent from one run to the next; the floor ratios hold within a few.
+has a multiple of ``CHECK_EVERY`` (50) measured steps, so the agent's periodic check of
+every parameter and gradient is in it at its share); ``floor`` is, for each position in a
+round, the fastest step at that position in any round, averaged over the positions (the
+check again at its share). Other work on the machine only ever adds time to a step, and on
+a shared machine it moves the median and mean ratios by several per cent from one run to
+the next; the floor ratios hold within a few. ``x bare (in hooks)`` is the steadiest figure:
+the time spent inside the agent's own hooks over a long attach, as a share of the step.
 ``ok`` compares ``x bare (floor)`` with the target, give or take the noise floor (how far
 ``bare (again)``'s came from 1.0), and says ``unclear`` within it. The JSON also has every
 step time and the same figures of CPU time (``time.thread_time``).
@@ -59,7 +61,7 @@ from rich.table import Table
 from torch import nn
 
 from faults import FaultPlan
-from harness.attach import AttachedAgent, attach
+from harness.attach import CHECK_EVERY, AttachedAgent, attach
 from harness.journal import read_journal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +167,7 @@ class Attached(Variant):
         optimizer: torch.optim.Optimizer,
         name: str,
         plan: FaultPlan | None,
-        check_params_every: int = 10,
+        check_params_every: int = CHECK_EVERY,
     ) -> None:
         super().__init__(model, optimizer)
         self.name, self.plan, self.check_every = name, plan, check_params_every
@@ -755,9 +757,9 @@ def show_breakdown(console: Console, parts: dict[str, dict[str, Any]]) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=60, help="measured rounds (default 60)")
-    parser.add_argument("--steps", type=int, default=10,
-                        help="measured steps per variant and round, a multiple of 10")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=16, help="measured rounds (default 16)")
+    parser.add_argument("--steps", type=int, default=CHECK_EVERY,
+                        help=f"measured steps per round, a multiple of {CHECK_EVERY}")  # fmt: skip
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps per round")
     parser.add_argument("--hidden", type=int, default=768, help="MLP width (default 768)")
     parser.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
@@ -774,10 +776,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--ddp-worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.steps % 10:
-        parser.error("--steps must be a multiple of 10 (the agent checks every 10th step)")
+    if args.steps % CHECK_EVERY and not args.ddp_worker:
+        parser.error(
+            f"--steps must be a multiple of {CHECK_EVERY} (the agent's check of every "
+            "parameter and gradient comes every that many steps)"
+        )
     if args.quick:  # fewer of whatever was not given
-        quick = {"rounds": 20, "startup_runs": 3, "ddp_rounds": 4, "breakdown_steps": 100}
+        quick = {"rounds": 6, "startup_runs": 3, "ddp_rounds": 4, "breakdown_steps": 100}
         for name, value in quick.items():
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
