@@ -3,6 +3,7 @@ runner (local processes or Docker nodes), oracles, scoring and scorecards."""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import JournalError, TightropeError
@@ -13,13 +14,15 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from harness.attach import attach as attach
+    from harness.attach import claim as claim
 
 
 def __getattr__(name: str) -> Any:
-    """``harness.attach``, imported on first use (it needs torch)."""
-    if name == "attach":
-        from harness.attach import attach
-
-        globals()["attach"] = attach  # the function, not the submodule of the same name
-        return attach
+    """``harness.attach`` and ``harness.claim``, imported on first use (they need torch)."""
+    if name in ("attach", "claim"):
+        # By its module's name: `harness.attach` may already be the function.
+        module = importlib.import_module("harness.attach")
+        value = getattr(module, name)
+        globals()[name] = value  # the function, not the submodule of the same name
+        return value
     raise AttributeError(f"module 'harness' has no attribute {name!r}")

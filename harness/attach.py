@@ -156,6 +156,7 @@ class AttachedAgent:
         self.backward_calls = 0
         add_backward_listener(self)
         add_file_listener(self)
+        _attached.append(self)
         atexit.register(self._at_exit)
         watch_exit()
 
@@ -165,6 +166,11 @@ class AttachedAgent:
     def step(self) -> int:
         """Steps completed (the step in progress, while one is)."""
         return self.agent.step
+
+    @property
+    def closed(self) -> bool:
+        """True once `close` ran."""
+        return self._closed
 
     @property
     def journal(self) -> Path:
@@ -192,6 +198,8 @@ class AttachedAgent:
         if self._closed:
             return
         self._closed = True
+        if self in _attached:
+            _attached.remove(self)
         atexit.unregister(self._at_exit)
         remove_backward_listener(self)
         remove_file_listener(self)
@@ -472,6 +480,20 @@ def attach(
     return attached
 
 
+#: The agent attached in this process (by `attach` or ``tightrope exec``), for `claim`.
+_attached: list[AttachedAgent] = []
+
+
+def claim(detector: str, **details: Any) -> None:
+    """Say, from a trainer, that ``detector`` saw a problem (journaled as ``detected``).
+
+    A claim is a word: the oracles count it only when what the trainer did backs it (a
+    step skipped, a rollback, a restart, a file refused). Outside an attached run it does
+    nothing, so a trainer can call it unconditionally."""
+    if _attached:
+        _attached[-1].agent.claim("detected", detector=detector, details=details)
+
+
 class _CallableModule(types.ModuleType):
     """Importing this module makes ``harness.attach`` name it; calling it still attaches."""
 
@@ -480,4 +502,4 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
-__all__ = ["AttachedAgent", "attach"]
+__all__ = ["AttachedAgent", "attach", "claim"]

@@ -242,3 +242,37 @@ def test_safetensors_files_are_observed(tmp_path: Path) -> None:
     [save] = journal.of_kind("file_saved")
     [load] = journal.of_kind("file_loaded")
     assert save["api"] == "safetensors.save_file" and load["intact"] is True
+
+
+def test_a_trainer_may_claim_a_detection_and_it_counts_with_a_deed_behind_it(
+    tmp_path: Path,
+) -> None:
+    from harness.oracles.detection import DetectedOracle
+    from harness.verdict import Evidence
+
+    def claims_and_skips(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        for i in range(5):
+            loss_of(model, i).backward()
+            if finite_grads(model):
+                opt.step()
+            else:
+                harness.claim("my_guard", reason="non-finite gradient")
+            opt.zero_grad()
+
+    def only_claims(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        for i in range(5):
+            loss_of(model, i).backward()
+            if not finite_grads(model):
+                harness.claim("my_guard")
+            opt.step()  # ... and updates anyway
+            opt.zero_grad()
+
+    oracle = DetectedOracle(within_steps=0, detectors=("my_guard",))
+    for loop, passes in ((claims_and_skips, True), (only_claims, False)):
+        run_dir = tmp_path / loop.__name__
+        journal = run(run_dir, loop, NAN_AT_3)
+        said = journal.of_kind("detected")[0]  # (the NaN weights of only_claims say it again)
+        assert (said.step, said["detector"]) == (3, "my_guard")
+        check = oracle.judge(Evidence(journal=journal, run_dir=run_dir, target_steps=5))
+        assert check.passed is passes, check.detail
+    harness.claim("my_guard")  # outside an attached run: nothing, no error
