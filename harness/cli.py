@@ -93,7 +93,17 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
         name, sep, text = pair.partition("=")
         if not sep or not name:
             raise ControlError(f"parameter {pair!r} is not NAME=VALUE")
-        params[name] = yaml.safe_load(text) if text else ""
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text  # not a YAML scalar (`*.pt`, `!!python/...`): the text itself
+        if not isinstance(value, (str, int, float, bool, list)) or (
+            isinstance(value, list) and not all(isinstance(v, (str, int, float)) for v in value)
+        ):
+            raise ControlError(
+                f"parameter {name}: {text!r} is not a number, a word or a list of them"
+            )
+        params[name] = value
     return params
 
 

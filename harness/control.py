@@ -18,11 +18,13 @@ every rank in time. Commands are JSON; nothing read from these files is ever unp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import secrets
+import shutil
 import stat
 import time
 from collections.abc import Mapping
@@ -35,6 +37,15 @@ from harness.errors import TightropeError
 
 CONTROL_DIR = "control"
 SECRET_FILE = "secret"
+#: Ids of every command the job took, one a line: a signed command is taken once.
+SEEN_FILE = "seen"
+#: A command read later than this after it was issued is refused as expired.
+COMMAND_EXPIRY_SECONDS = 300.0
+#: The largest command file the job reads.
+MAX_COMMAND_BYTES = 64 * 1024
+#: Fault classes a live command cannot deliver: a document stream fixed at start, and node
+#: faults the suite runner applies to containers from outside.
+UNDELIVERABLE = {"data": "acts on the document stream the trainer set up at start"}
 
 
 class ControlError(TightropeError):
@@ -103,7 +114,12 @@ def validate_fault(fault: Mapping[str, Any], where: str = "command") -> dict[str
             f"{where}: a live command takes effect --in-steps from now; drop "
             f"{', '.join(sorted(triggers))}"
         )
-    parse_fault({**fault, "at_step": 1}, where)
+    spec = parse_fault({**fault, "at_step": 1}, where)
+    why = UNDELIVERABLE.get(spec.fault_class)
+    if why is None and getattr(spec, "node", None) is not None:
+        why = "acts on a Docker node's container, which only the suite runner can reach"
+    if why is not None:
+        raise FaultSpecError(f"{where}: {spec.kind} cannot be injected live: it {why}")
     return dict(fault)
 
 
@@ -165,32 +181,69 @@ class ControlChannel:
         self._seen = FolderWatch(self.folder / "inbox")
 
     def poll(self) -> list[Received]:
-        """Commands waiting in the inbox, oldest first; each is removed once read."""
+        """Commands waiting in the inbox, oldest first; each is removed once read.
+
+        Nothing in the inbox can end the job: a file that vanished, a folder, bytes too
+        large or too deep to parse are each skipped or answered as refused."""
         inbox = self.folder / "inbox"
         if not self._seen.changed():
             return []
+        found = []
+        for path in inbox.glob("*.json"):
+            try:
+                found.append((path.lstat().st_mtime, path))
+            except OSError:
+                continue  # withdrawn between the listing and the look
         received = []
-        for path in sorted(inbox.glob("*.json"), key=lambda p: p.stat().st_mtime):
+        for _, path in sorted(found):
             received.append(self._read(path))
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
         return received
 
     def _read(self, path: Path) -> Received:
         name = path.stem
         try:
-            message = json.loads(path.read_text())
+            if path.lstat().st_size > MAX_COMMAND_BYTES:
+                return Received(name, None, 0, f"command larger than {MAX_COMMAND_BYTES} bytes")
+            message = json.loads(path.read_text(encoding="utf-8"))
             body, mac = message["command"], message["mac"]
             command_id = str(body["id"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            return Received(name, None, 0, f"unreadable command: {exc}")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            return Received(name, None, 0, f"unreadable command: {type(exc).__name__}: {exc}")
         if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(self.key, body)):
             return Received(command_id, None, 0, "authentication failed (wrong or no secret)")
+        # Signed, so the id and time are the sender's: a copy of an old command is refused.
+        stale = self._stale(command_id, body.get("issued"))
+        if stale:
+            return Received(command_id, None, 0, stale)
         try:
             fault = validate_fault(body["fault"], f"command {command_id}")
             in_steps = int(body["in_steps"])
         except (FaultSpecError, KeyError, TypeError, ValueError) as exc:
             return Received(command_id, None, 0, str(exc))
         return Received(command_id, fault, max(in_steps, 0))
+
+    def _stale(self, command_id: str, issued: object) -> str:
+        """Why a signed command may not be taken (a replay, or too old); empty when fresh."""
+        seen = self.folder / SEEN_FILE
+        try:
+            taken = set(seen.read_text().split()) if seen.is_file() else set()
+        except OSError:
+            taken = set()
+        if command_id in taken:
+            return "replayed: this command was taken already"
+        with open(seen, "a") as f:
+            f.write(command_id + "\n")
+        if not isinstance(issued, (int, float)) or isinstance(issued, bool):
+            return "the command carries no time of issue"
+        age = time.time() - float(issued)
+        if age > COMMAND_EXPIRY_SECONDS:
+            return f"expired: issued {age:.0f} s ago (at most {COMMAND_EXPIRY_SECONDS:g} s)"
+        return ""
 
     def answer(self, command_id: str, **fields: Any) -> None:
         """Write the job's answer where ``tightrope inject`` waits for it."""

@@ -52,6 +52,12 @@ def test_a_run_without_channel_is_named(tmp_path: Path) -> None:
         ({"kind": "nan_gradd"}, "unknown fault kind 'nan_gradd'"),
         ({"kind": "nan_grad", "fraction": 7}, "command.fraction"),
         ({"kind": "nan_grad", "at_step": 3}, "drop at_step"),
+        (
+            {"kind": "duplicate_contamination", "rate": 0.05},
+            "cannot be injected live: it acts on the doc",
+        ),
+        ({"kind": "node_kill", "node": 1}, "cannot be injected live: it acts on a Docker"),
+        ({"kind": "bitflip_file", "file": "../../../x/*"}, "must stay inside"),
     ],
 )
 def test_bad_commands_are_refused_before_sending(
@@ -147,3 +153,52 @@ def test_live_injection_into_a_running_two_rank_job(tmp_path: Path) -> None:
     for rank in (0, 1):  # took effect on both ranks at that step: both skipped it
         assert events.steps(rank)[effective]["skipped"] is True
         assert events.steps(rank)[effective - 1]["skipped"] is False
+
+
+def test_a_replayed_or_stale_command_is_refused(tmp_path: Path) -> None:
+    channel = ControlChannel(tmp_path)
+    inbox = control_dir(tmp_path) / "inbox"
+    sent = send(tmp_path, {"kind": "nan_grad"})
+    copy = (inbox / f"{sent.id}.json").read_text()
+    [first] = channel.poll()
+    assert first.fault is not None
+    (inbox / "again.json").write_text(copy)  # the same signed bytes, dropped in again
+    time.sleep(0.01)
+    [again] = channel.poll()
+    assert again.fault is None and again.reason.startswith("replayed")
+    old = send(tmp_path, {"kind": "nan_grad"})
+    path = inbox / f"{old.id}.json"
+    message = json.loads(path.read_text())
+    key = read_secret(tmp_path)
+    from harness.control import _mac
+
+    message["command"]["issued"] -= 3600  # an hour old, signed as such
+    message["mac"] = _mac(key, message["command"])
+    path.write_text(json.dumps(message))
+    [stale] = channel.poll()
+    assert stale.fault is None and stale.reason.startswith("expired")
+
+
+def test_nothing_in_the_inbox_ends_the_job(tmp_path: Path) -> None:
+    channel = ControlChannel(tmp_path)
+    inbox = control_dir(tmp_path) / "inbox"
+    (inbox / "folder.json").mkdir()
+    (inbox / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (inbox / "big.json").write_bytes(b" " * 200_000)
+    (inbox / "latin1.json").write_bytes(b"\xff\xfe")
+    received = channel.poll()
+    assert len(received) == 4 and all(r.fault is None for r in received)
+    assert not list(inbox.iterdir())
+
+
+def test_inject_parameters_that_are_no_yaml_scalar_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main as tightrope
+
+    ensure_secret(tmp_path)
+    # Not YAML: taken as the text it is, which a fraction is not.
+    code = tightrope(["inject", str(tmp_path), "nan_grad", "fraction=!!python/object:os.system"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "tightrope: error:" in err[0]
+    assert not list((control_dir(tmp_path) / "inbox").iterdir())
