@@ -52,7 +52,7 @@ def test_a_failing_scenario_shows_its_checks_with_figures(suite_dir: pytest.Pyte
     result.stdout.fnmatch_lines(
         [
             "*scenario poisoned failed (score 50/100)*",
-            "*FAILED params_finite: 2 (expected true): 2 observations of non-finite weights*",
+            "*FAILED params_finite: 3 (expected true): 3 observations of non-finite weights*",
             "*passed: completed*",
             "*tightrope: resilience score 75.0/100; scorecards in*",
         ]
@@ -103,7 +103,7 @@ def test_the_fixture_runs_a_scenario_written_in_python(pytester: pytest.Pytester
             )
             assert result.status == "failed"
             assert [c.name for c in result.failed_checks] == ["params_finite"]
-            assert result.failed_checks[0].figure == 2
+            assert result.failed_checks[0].figure == 3  # step 2, the last NaN loss, run_end
         """
     )
     pytester.runpytest_subprocess().assert_outcomes(passed=1)
