@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,58 @@ def torchrun(
 def quiet() -> contextlib.AbstractContextManager[object]:
     """Silence the trainer's progress lines in in-process runs."""
     return contextlib.redirect_stdout(io.StringIO())
+
+
+# -- nothing of ours outlives the session -------------------------------------------------
+
+#: Every process a test starts inherits this mark (through the environment), whatever
+#: session or parent it ends up in; whatever still carries it at the end was left behind.
+SESSION_MARK = "TIGHTROPE_TEST_SESSION"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Mark this session's environment, so its processes can be found at the end."""
+    os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a process it started is still there (stopped ones too), after
+    killing it: a trainer, monitor or torchrun left running is a bug of a test or of the
+    harness's clean-up."""
+    from harness.process_tree import _signal
+
+    mark = os.environ.get(SESSION_MARK)
+    if not mark:
+        return
+    deadline = time.monotonic() + 5  # a process reaped a moment after its test is fine
+    left = _carrying(SESSION_MARK, mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _carrying(SESSION_MARK, mark)
+    if not left:
+        return
+    described = []
+    for pid in left:
+        try:
+            described.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:150]!r}")
+        except OSError:
+            described.append(str(pid))
+        _signal(pid, signal.SIGKILL)
+    print(f"\ntightrope: processes left running by the tests (killed now): {described}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _carrying(name: str, value: str) -> list[int]:
+    """Live processes (zombies excluded) whose environment holds ``name=value``."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z" and needle in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
