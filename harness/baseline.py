@@ -84,6 +84,7 @@ def baseline_run(
     *,
     use_cache: bool = True,
     on_poll: Callable[[Path], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> Path:
     """The run dir of the fault-free run of ``spec``, running it when not cached.
 
@@ -111,7 +112,10 @@ def baseline_run(
                 env=trainer_env(spec),
                 on_poll=(lambda: on_poll(run_dir)) if on_poll else None,
                 cwd=trainer_cwd(spec, run_dir),
+                stop=stop,
             )
+            if launch.interrupted:
+                raise BaselineError("the fault-free baseline run was stopped (Ctrl-C or SIGTERM)")
             if launch.timed_out or launch.exit_code != 0:
                 how = (
                     f"timed out after {spec.timeout:g} s"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -116,12 +117,25 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.cores:
         options.cores = args.cores
-    result = run_suite(suite, options, select=[s.name for s in chosen])
+    # SIGTERM (a CI job cancelled, a scheduler's stop) ends the run as Ctrl-C does: every
+    # launch killed within a second, the results so far written as a partial scorecard.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = run_suite(suite, options, select=[s.name for s in chosen])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     files = write_scorecards(result, out_dir)
     console = Console()
     print_results(result, console)
     console.print(f"scorecards: {files['html']}  {files['json']}", highlight=False)
+    if result.interrupted:
+        console.print("tightrope: interrupted; the scorecard is partial", highlight=False)
+        return 130
     return 0 if result.passed else 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _list(args: argparse.Namespace) -> int:

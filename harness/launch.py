@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,6 +41,8 @@ class Launch:
     exit_code: int | None
     timed_out: bool
     seconds: float
+    #: Killed because the suite was stopped (Ctrl-C, SIGTERM), not by its deadline.
+    interrupted: bool = False
 
 
 def _torchrun(spec: TrainerSpec) -> list[str]:
@@ -165,11 +168,13 @@ def run_process(
     env: dict[str, str],
     on_poll: Callable[[], None] | None = None,
     cwd: Path | None = None,
+    stop: threading.Event | None = None,
 ) -> Launch:
     """Run ``argv`` with output appended to ``log``; kill its whole group at ``deadline``.
 
     ``deadline`` is a ``time.monotonic()`` instant; ``on_poll`` runs every ~0.2 s while
-    the process lives (progress display).
+    the process lives (progress display); once ``stop`` is set the launch is killed as at
+    its deadline, within 0.2 s.
     """
     started = time.monotonic()
     # Every process of the launch inherits the mark, so none escapes the clean-up below.
@@ -190,7 +195,7 @@ def run_process(
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror}") from exc
-        timed_out = False
+        timed_out = interrupted = False
         while True:
             try:
                 code: int | None = proc.wait(timeout=0.2)
@@ -198,8 +203,9 @@ def run_process(
             except subprocess.TimeoutExpired:
                 if on_poll is not None:
                     on_poll()
-                if time.monotonic() >= deadline:
-                    timed_out = True
+                interrupted = stop is not None and stop.is_set()
+                if interrupted or time.monotonic() >= deadline:
+                    timed_out = not interrupted
                     # SIGKILL: a hung rank may be stopped (SIGSTOP) and ignore anything else.
                     kill_tree(proc.pid)
                     proc.wait()
@@ -208,7 +214,7 @@ def run_process(
     # Whatever the launch left behind (a worker orphaned by a killed launcher, a trainer's
     # background child) ends with it.
     kill_marked(mark)
-    return Launch(code, timed_out, time.monotonic() - started)
+    return Launch(code, timed_out, time.monotonic() - started, interrupted)
 
 
 def log_tail(log: Path, lines: int = _TAIL_LINES) -> str:

@@ -139,6 +139,8 @@ class SuiteResult:
     min_score: float | None = None
     source: str = ""
     version: str = ""
+    #: The run was stopped (Ctrl-C, SIGTERM) before every scenario ended: a partial card.
+    interrupted: bool = False
 
     @property
     def score(self) -> float:
@@ -162,7 +164,7 @@ class SuiteResult:
     @property
     def passed(self) -> bool:
         """Every scenario passed and the score meets the threshold (when one is set)."""
-        if any(r.status != "passed" for r in self.scenarios):
+        if self.interrupted or any(r.status != "passed" for r in self.scenarios):
             return False
         return self.min_score is None or self.score >= self.min_score
 
@@ -179,6 +181,7 @@ class SuiteResult:
             "score": self.score,
             "min_score": self.min_score,
             "passed": self.passed,
+            "interrupted": self.interrupted,
             "counts": self.counts(),
             "class_scores": self.class_scores(),
             "scenarios": [r.to_dict() for r in self.scenarios],
@@ -205,6 +208,7 @@ class SuiteResult:
                 min_score=data.get("min_score"),
                 source=str(data.get("source", "")),
                 version=str(data.get("tightrope_version", "")),
+                interrupted=bool(data.get("interrupted", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ScorecardError(f"{where} is malformed: {type(exc).__name__}: {exc}") from None

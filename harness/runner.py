@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,6 +61,9 @@ class RunOptions:
     cache_dir: Path = field(default_factory=default_cache_dir)
     use_cache: bool = True
     min_score: float | None = None
+    #: Set to stop the run: every launch is killed within 0.2 s, scenarios not begun are
+    #: not run, and the results gathered so far make a partial scorecard.
+    stop: threading.Event = field(default_factory=threading.Event)
 
 
 def with_overrides(scenario: Scenario, options: RunOptions) -> Scenario:
@@ -96,8 +99,16 @@ class _Cores:
             self._cond.notify_all()
 
 
+#: The error of a scenario the user stopped, or never began because of it.
+INTERRUPTED = "interrupted: the suite run was stopped (Ctrl-C or SIGTERM)"
+
+
 def _launch_faulted(
-    scenario: Scenario, run_dir: Path, plan: Path, poll: Callable[[], None]
+    scenario: Scenario,
+    run_dir: Path,
+    plan: Path,
+    poll: Callable[[], None],
+    stop: threading.Event | None = None,
 ) -> Launch:
     """The faulted run: one launch, or a stop and a resume when the scenario asks."""
     spec = scenario.trainer
@@ -106,7 +117,9 @@ def _launch_faulted(
     if spec.command is not None:
         argv = custom_command(spec, run_dir, plan)
         cwd = trainer_cwd(spec, run_dir)
-        return run_process(argv, log=log, deadline=deadline, env=env, on_poll=poll, cwd=cwd)
+        return run_process(
+            argv, log=log, deadline=deadline, env=env, on_poll=poll, cwd=cwd, stop=stop
+        )
     if spec.launcher == "docker":
         from harness.docker_launch import run_on_docker
 
@@ -114,12 +127,14 @@ def _launch_faulted(
     # A process fault needs torchrun even for one rank: it restarts what was lost.
     elastic = any(type(f).fault_class == "process" for f in scenario.faults)
     first = reference_command(spec, run_dir, plan, stop_after=spec.resume_after, elastic=elastic)
-    launch = run_process(first, log=log, deadline=deadline, env=env, on_poll=poll)
+    launch = run_process(first, log=log, deadline=deadline, env=env, on_poll=poll, stop=stop)
     if spec.resume_after is None or launch.exit_code != 0:
         return launch
     second = reference_command(spec, run_dir, plan, resume=True, elastic=elastic)
-    again = run_process(second, log=log, deadline=deadline, env=env, on_poll=poll)
-    return Launch(again.exit_code, again.timed_out, launch.seconds + again.seconds)
+    again = run_process(second, log=log, deadline=deadline, env=env, on_poll=poll, stop=stop)
+    return Launch(
+        again.exit_code, again.timed_out, launch.seconds + again.seconds, again.interrupted
+    )
 
 
 def _read(run_dir: Path) -> Journal:
@@ -130,6 +145,8 @@ def _read(run_dir: Path) -> Journal:
 
 def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:
     """Why the run counts as errored, or None when its outcome can be judged."""
+    if launch.interrupted:
+        return INTERRUPTED
     if launch.timed_out:
         return f"timed out: killed by the watchdog after {timeout:g} s"
     if launch.exit_code == 0:
@@ -227,7 +244,11 @@ class Runner:
             run_dir.mkdir(parents=True)
             plan = run_dir / PLAN_FILE
             plan.write_text(yaml.safe_dump(scenario.plan(), sort_keys=False))
-            launch = _launch_faulted(scenario, run_dir, plan, lambda: poll(run_dir))
+            if self.options.stop.is_set():
+                result.error = INTERRUPTED
+                return result
+            stop = self.options.stop
+            launch = _launch_faulted(scenario, run_dir, plan, lambda: poll(run_dir), stop)
             result.log_tail = log_tail(run_dir / LOG_FILE)
             result.exit_code = launch.exit_code
             try:
@@ -270,7 +291,11 @@ class Runner:
         poll, finish = self._bar(f"{scenario.name} (baseline)", spec.steps)
         try:
             cached = baseline_run(
-                spec, self.options.cache_dir, use_cache=self.options.use_cache, on_poll=poll
+                spec,
+                self.options.cache_dir,
+                use_cache=self.options.use_cache,
+                on_poll=poll,
+                stop=self.options.stop,
             )
         except BaselineError as exc:
             finish(f"  baseline of {scenario.name} failed")
@@ -327,12 +352,21 @@ def run_suite(
     workers = max(1, min(len(scenarios), options.cores))
     if display is not None:
         display.__enter__()
+    interrupted = False
+    pool = ThreadPoolExecutor(max_workers=workers)
+    futures = [pool.submit(runner.scenario, s) for s in scenarios]
     try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(runner.scenario, scenarios))
+        while not all(f.done() for f in futures):
+            wait(futures, timeout=0.5)  # short waits: Ctrl-C (and SIGTERM) get through
+    except KeyboardInterrupt:
+        interrupted = True
+        options.stop.set()  # running launches are killed; queued scenarios end at once
+        wait(futures)
     finally:
+        pool.shutdown(wait=True)
         if display is not None:
             display.__exit__(None, None, None)
+    results = [f.result() for f in futures]
     return SuiteResult(
         suite=suite.name,
         preset=options.preset or _presets(scenarios),
@@ -342,6 +376,7 @@ def run_suite(
         min_score=options.min_score,
         source=suite.source,
         version=__version__,
+        interrupted=interrupted,
     )
 
 

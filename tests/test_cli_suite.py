@@ -134,3 +134,35 @@ def test_an_unreachable_docker_engine_is_refused_before_anything_runs(
     err = capsys.readouterr().err
     assert "cannot reach the Docker engine at unix:///nonexistent/docker.sock" in err
     assert not (tmp_path / "out" / "runs").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_run_within_seconds_with_a_partial_scorecard(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    hang = f"{sys.executable} -c 'import time; time.sleep(120)'"
+    scenarios = "".join(
+        f'  - {{name: s{i}, trainer: {{command: "{hang}", steps: 5, checkpoint_every: 5}},'
+        " expect: {params_finite: true}}\n"
+        for i in range(4)
+    )
+    path = tmp_path / "slow.yaml"
+    path.write_text(f"suite: slow\nscenarios:\n{scenarios}")
+    out = tmp_path / "card"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", str(path), "--scorecard", str(out),
+         "--cores", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    time.sleep(6)  # two scenarios are sleeping by now
+    stopped = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=30)
+    assert time.monotonic() - stopped < 10, output
+    assert proc.returncode == 130, output
+    card = json.loads((out / "scorecard.json").read_text())
+    assert card["interrupted"] is True and card["passed"] is False
+    assert all(s["error"].startswith("interrupted") for s in card["scenarios"])
+    assert "scorecard is partial" in (out / "scorecard.md").read_text()

@@ -45,6 +45,8 @@ def _header(result: SuiteResult) -> list[str]:
     counts = result.counts()
     preset = f" · preset `{result.preset}`" if result.preset else ""
     verdict = "passed" if result.passed else "did not pass"
+    if result.interrupted:
+        verdict = "was interrupted: this scorecard is partial"
     lines = [
         f"## tightrope scorecard: {_cell(result.suite)}{preset}",
         "",
