@@ -84,8 +84,10 @@ class TrainerSpec(_Model):
         "(torchrun --nnodes MIN:MAX); default: all of them.",
     )
     precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32")
-    steps: int = Field(default=40, ge=1, description="Step the run trains to.")
-    seed: int = Field(default=0, description="Training seed, recorded with the result.")
+    steps: int = Field(default=40, ge=1, le=10**8, description="Step the run trains to.")
+    seed: int = Field(
+        default=0, ge=0, le=2**32 - 1, description="Training seed, recorded with the result."
+    )
     checkpoint_every: int = Field(default=10, ge=1, description="Steps between checkpoints.")
     batch_size: int | None = Field(
         default=None, ge=1, description="Sequences per rank per step (default: the model's)."

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from faults import FaultSpec, kinds
+from faults import FaultSpec, kinds, yaml_input
 from harness.errors import TightropeError
 from harness.scenario import Expect, Scenario, Suite, SuiteDefaults, TrainerSpec
 
@@ -185,12 +185,17 @@ def load_suite(path: str | Path) -> Suite:
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text()
+        text = yaml_input.read_text(path, "suite")
     except OSError as exc:
         raise ScenarioError(source, [f"cannot read suite {source}: {exc.strerror}"]) from exc
+    except yaml_input.YamlInputError as exc:
+        raise ScenarioError(source, [str(exc)]) from None
     try:
+        # Counted before anything walks it: the line map below expands aliases too.
+        data = yaml_input.load(text, source)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+    except yaml_input.YamlInputError as exc:
+        raise ScenarioError(source, [str(exc)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from faults import FaultPlan, FaultSpecError
 from harness.keywords import KeywordError, keyword_match
 from harness.scenario import TrainerSpec
 from harness.scenario_schema import suite_schema
@@ -244,3 +245,47 @@ def test_keyword_expressions_select_like_pytest(
 def test_bad_keyword_expressions_are_refused(expr: str) -> None:
     with pytest.raises(KeywordError):
         keyword_match(expr, ["nan"])
+
+
+BOMB = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+)
+
+
+def test_an_alias_bomb_is_refused_before_anything_expands_it(tmp_path: Path) -> None:
+    import time
+
+    suite = tmp_path / "bomb.yaml"
+    suite.write_text(BOMB + "scenarios: [*i]\n")
+    started = time.monotonic()
+    with pytest.raises(ScenarioError, match="once its aliases are expanded; refused"):
+        load_suite(suite)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(BOMB + "faults: [*i]\n")
+    with pytest.raises(FaultSpecError, match="once its aliases are expanded; refused"):
+        FaultPlan.from_yaml(plan)
+    assert time.monotonic() - started < 5
+
+
+def test_oversized_and_non_utf8_files_are_refused_by_name(tmp_path: Path) -> None:
+
+    big = tmp_path / "big.yaml"
+    big.write_text("faults: []\n" + "#" * (2 << 20))
+    with pytest.raises(FaultSpecError, match=r"big.yaml: fault plan of \d+ bytes; at most"):
+        FaultPlan.from_yaml(big)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"suite: s\nscenarios: []\n# caf\xe9\n")
+    with pytest.raises(ScenarioError, match=r"latin.yaml:3: suite is not UTF-8 text"):
+        load_suite(latin)
+
+
+def test_steps_and_seeds_have_bounds(tmp_path: Path) -> None:
+
+    suite = tmp_path / "huge.yaml"
+    suite.write_text(
+        "scenarios:\n  - name: a\n    trainer: {steps: 100000000000000000000, seed: -1}\n"
+        "    expect: {completed: true}\n"
+    )
+    with pytest.raises(ScenarioError) as err:
+        load_suite(suite)
+    assert "trainer.steps" in str(err.value) and "trainer.seed" in str(err.value)
