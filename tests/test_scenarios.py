@@ -289,3 +289,13 @@ def test_steps_and_seeds_have_bounds(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError) as err:
         load_suite(suite)
     assert "trainer.steps" in str(err.value) and "trainer.seed" in str(err.value)
+
+
+def test_a_huge_or_deep_keyword_expression_is_a_clear_error() -> None:
+    with pytest.raises(KeywordError, match="at most 10000"):
+        keyword_match("nan or " * 50_000 + "nan", ["nan"])
+    with pytest.raises(KeywordError, match="nested more than 100 deep"):
+        keyword_match("(" * 500 + "nan" + ")" * 500, ["nan"])
+    with pytest.raises(KeywordError, match="nested more than 100 deep"):
+        keyword_match("not " * 500 + "nan", ["nan"])
+    assert keyword_match("not not (nan or x) and not y", ["nan-grad"])
