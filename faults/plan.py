@@ -51,6 +51,28 @@ class FaultPlan:
             raise FaultSpecError(f"{where} must be a list of faults, got {type(data).__name__}")
         return cls(tuple(parse_fault(item, f"{where}[{i}]") for i, item in enumerate(data)))
 
+    def problems(
+        self, steps: int, world_size: int, names: tuple[str, str] = ("--steps", "WORLD_SIZE")
+    ) -> list[str]:
+        """What keeps this plan from meeting a run of ``steps`` steps on ``world_size``
+        ranks: a fault that would never fire, or that targets only ranks the job lacks
+        (``names`` say what the two numbers are called where they were given). The suite
+        loader and the reference trainer's ``--fault-plan`` both ask."""
+        found = []
+        for i, fault in enumerate(self.faults):
+            first = fault.at_step if fault.at_step is not None else fault.every
+            if first is not None and first > steps:
+                found.append(
+                    f"faults[{i}] ({fault.kind}) fires at step {first}, past {names[0]} "
+                    f"{steps}: it would never fire"
+                )
+            if isinstance(fault.ranks, list) and fault.ranks and min(fault.ranks) >= world_size:
+                found.append(
+                    f"faults[{i}] ({fault.kind}) targets ranks {fault.ranks}, but {names[1]} "
+                    f"is {world_size}"
+                )
+        return found
+
     @classmethod
     def from_yaml(cls, path: str | Path) -> FaultPlan:
         """Read a plan file; errors name the file and the dotted field."""

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from faults import FaultSpec
+from faults import FaultPlan, FaultSpec
 from faults.errors import FaultSpecError
 from faults.registry import parse_fault
 
@@ -283,22 +283,12 @@ class Scenario(_Model):
             raise ValueError("expect asks for no check; a scenario needs at least one")
         steps = self.trainer.steps
         for i, fault in enumerate(self.faults):
-            first = fault.at_step if fault.at_step is not None else fault.every
-            if first is not None and first > steps:
-                raise ValueError(
-                    f"faults[{i}] ({fault.kind}) fires at step {first}, past trainer.steps "
-                    f"{steps}: it would never fire"
-                )
             self._check_node(i, fault)
-            if (
-                isinstance(fault.ranks, list)
-                and fault.ranks
-                and min(fault.ranks) >= (self.trainer.world_size)
-            ):
-                raise ValueError(
-                    f"faults[{i}] ({fault.kind}) targets ranks {fault.ranks}, but "
-                    f"trainer.world_size is {self.trainer.world_size}"
-                )
+        problems = FaultPlan(tuple(self.faults)).problems(
+            steps, self.trainer.world_size, ("trainer.steps", "trainer.world_size")
+        )
+        if problems:
+            raise ValueError(problems[0])
         for name, bound in (
             ("expect.max_lost_steps", self.expect.max_lost_steps),
             ("expect.mttr.max_steps", self.expect.mttr.max_steps if self.expect.mttr else None),

@@ -120,6 +120,22 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
     return _apply(cfg, given)
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _check_plan(plan: FaultPlan, path: Path, steps: int) -> None:
+    """A plan that could not take effect in this run is refused, as a suite's would be."""
+    if not len(plan):
+        raise ConfigError(f"--fault-plan {path} holds no fault; leave the flag out for none")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    problems = plan.problems(steps, world_size)
+    if problems:
+        raise ConfigError(f"--fault-plan {path}: " + "; ".join(problems))
+
+
 def _apply(cfg: TrainConfig, values: dict[str, object]) -> TrainConfig:
     data = cfg.to_dict()
     data.update(values)
@@ -139,6 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        print(f"{PROG}: error: --seed {args.seed} is not within 0 to 2^32-1", file=sys.stderr)
+        return 2
+    if args.device == "cuda" and not _cuda_available():
+        print(f"{PROG}: error: --device cuda, but this machine has no CUDA device", file=sys.stderr)
+        return 2
     restarted = restart_count() > 0
     try:
         if restarted and not args.resume and latest_checkpoint(args.run_dir) is not None:
@@ -165,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.stop_after is not None and args.stop_after > cfg.steps:
             raise ConfigError(f"--stop-after {args.stop_after} is past --steps {cfg.steps}")
         plan = FaultPlan.from_yaml(args.fault_plan) if args.fault_plan else None
+        if plan is not None:
+            _check_plan(plan, args.fault_plan, cfg.steps)
         result = train(
             cfg,
             args.run_dir,

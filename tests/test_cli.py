@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.cli import main as tightrope
 from reference_trainer.cli import main as trainer
@@ -68,12 +69,35 @@ def exit_code(command: Callable[[list[str]], int], argv: list[str]) -> int:
         (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
         (["--steps", "10", "--stop-after", "20"], "--stop-after 20 is past --steps 10"),
         (["--resume"], "--resume: run dir"),
+        (["--seed", str(2**64)], "--seed 18446744073709551616 is not within 0 to 2^32-1"),
+        (["--seed", "-1"], "--seed -1 is not within 0 to 2^32-1"),
+        *(
+            []
+            if torch.cuda.is_available()
+            else [(["--device", "cuda"], "--device cuda, but this machine has no CUDA device")]
+        ),
+        (["--steps", "10", "--fault-plan", "{plan}:empty"], "holds no fault"),
+        (["--steps", "10", "--fault-plan", "{plan}:late"], "fires at step 40, past --steps 10"),
+        (
+            ["--steps", "10", "--fault-plan", "{plan}:rank3"],
+            "targets ranks [3], but WORLD_SIZE is 1",
+        ),
     ],
 )
 def test_bad_arguments_fail_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     run_dir = tmp_path / "new"
+    plans = {
+        "empty": "faults: []\n",
+        "late": "faults:\n  - {kind: nan_grad, at_step: 40}\n",
+        "rank3": "faults:\n  - {kind: nan_grad, at_step: 4, ranks: [3]}\n",
+    }
+    for i, word in enumerate(argv):
+        if word.startswith("{plan}:"):
+            name = word.split(":", 1)[1]
+            (tmp_path / f"{name}.yaml").write_text(plans[name])
+            argv = [*argv[:i], str(tmp_path / f"{name}.yaml"), *argv[i + 1 :]]
     assert exit_code(trainer, [*argv, "--run-dir", str(run_dir)]) == 2
     assert message in one_error_line(capsys)
     assert not run_dir.exists()
