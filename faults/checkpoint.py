@@ -15,7 +15,7 @@ newest checkpoint older than latest) or an explicit name such as ``step-00000040
 A trainer with files of its own (``snapshot.pt``, ``ckpt/epoch-3.pt``) is reached with
 ``path``: a glob relative to the trainer's working directory. With ``after_save: true``
 the fault waits, from its trigger step on, for the trainer to save a matching file (as
-the agent observes saves) and damages that file right after the save.
+the agent observes saves) and damages that file when the next step begins.
 
 Every injector has ``apply(run_dir)`` for direct use; ``end_step`` calls it, and the agent
 calls ``end_step`` after the step's checkpoint save. Every target is checked before the
@@ -27,25 +27,32 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
+from faults.checkpoint_files import (
+    DATA,
+    DELTA_FILE,
+    LATEST,
+    MANIFEST,
+    STATE_FILE,
+    WHICH,
+    contained,
+    fsync,
+    latest_checkpoint,
+    previous_checkpoint,
+    resolve_checkpoint,
+    step_of,
+    write_at,
+    write_latest,
+)
 from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext
 from faults.registry import register
 from faults.spec import FaultSpec, seeded
-
-LATEST = "latest"
-STATE_FILE = "state.pt"
-MANIFEST = "manifest.json"
-_NAME = re.compile(r"step-(\d{8})")
-_WHICH = r"^(latest|previous|step-\d{8})$"
-DELTA_FILE = "delta.bin"
-DATA = "data"  # the default target: the data file, full or delta
 
 
 class CheckpointFaultSpec(FaultSpec):
@@ -76,22 +83,11 @@ def _relative(field: str, value: str, inside: str) -> None:
         raise ValueError(f"{field} {value!r} must stay inside {inside} (relative, no '..')")
 
 
-def contained(path: Path, roots: list[Path], field: str) -> Path:
-    """``path``, once every symlink in it is resolved, when it lies inside one of ``roots``;
-    else an `InjectionError` naming the field that led there. Nothing outside the run (or
-    the trainer's working directory) is ever touched."""
-    real = path.resolve()
-    if not any(real.is_relative_to(root.resolve()) for root in roots):
-        shown = " or ".join(str(r) for r in roots)
-        raise InjectionError(f"{field}: {path} resolves to {real}, outside {shown}; refused")
-    return path
-
-
 class CheckpointFileSpec(CheckpointFaultSpec):
     """Fields of the kinds that damage files inside one checkpoint."""
 
     checkpoint: str = Field(
-        default="latest", pattern=_WHICH, description="latest, previous, step-NNNNNNNN."
+        default="latest", pattern=WHICH, description="latest, previous, step-NNNNNNNN."
     )
     file: str = Field(
         default=DATA,
@@ -136,80 +132,6 @@ def checkpoints_root(spec: CheckpointFaultSpec, run_dir: str | Path | None) -> P
     if run_dir is not None:
         contained(root, [Path(run_dir)], "directory")
     return root
-
-
-def _step(path: Path) -> int:
-    match = _NAME.fullmatch(path.name)
-    if match is None:
-        raise InjectionError(f"{path} is not a checkpoint directory (expected step-NNNNNNNN)")
-    return int(match.group(1))
-
-
-def _complete(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if _NAME.fullmatch(p.name) and p.is_dir())
-
-
-def latest_checkpoint(root: Path) -> Path:
-    """The folder ``latest`` names or, without that file, the newest checkpoint."""
-    pointer = root / LATEST
-    if pointer.is_file():
-        name = pointer.read_text().strip()
-        path = root / name
-        if not _NAME.fullmatch(name) or not path.is_dir():
-            raise InjectionError(f"{pointer} names {name!r}, but {path} is not a checkpoint")
-        return path
-    done = _complete(root)
-    if not done:
-        raise InjectionError(f"no checkpoint in {root} (no {LATEST} file, no step-* folder)")
-    return done[-1]
-
-
-def previous_checkpoint(root: Path, latest: Path) -> Path:
-    """The newest complete checkpoint older than ``latest``."""
-    older = [p for p in _complete(root) if _step(p) < _step(latest)]
-    if not older:
-        raise InjectionError(f"no checkpoint older than {latest.name} in {root}")
-    return older[-1]
-
-
-def resolve_checkpoint(root: Path, which: str) -> Path:
-    """``latest``, ``previous`` or an explicit name, as an existing folder."""
-    if which == "latest":
-        return latest_checkpoint(root)
-    if which == "previous":
-        return previous_checkpoint(root, latest_checkpoint(root))
-    path = root / which
-    if not path.is_dir():
-        raise InjectionError(f"checkpoint {path} does not exist")
-    return path
-
-
-def _write(path: Path, offset: int, data: bytes, end: int | None = None) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(data)
-        if end is not None:
-            f.truncate(end)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_latest(root: Path, name: str) -> None:
-    tmp = root / f".{LATEST}.tmp"
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / LATEST)
-    _fsync(root)
 
 
 S = TypeVar("S", bound=CheckpointFaultSpec)
@@ -325,7 +247,7 @@ class BitflipFileInjector(FileInjector[BitflipFileSpec]):
             f.seek(plan["offset"])
             before = f.read(1)[0]
         after = before ^ (1 << plan["bit"])
-        _write(path, plan["offset"], bytes([after]))
+        write_at(path, plan["offset"], bytes([after]))
         return plan | {"byte_before": before, "byte_after": after}
 
 
@@ -341,7 +263,7 @@ class TruncateInjector(FileInjector[TruncateSpec]):
     """Keeps ``floor(size * keep_fraction)`` bytes of each file."""
 
     def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
-        _write(path, 0, b"", int(path.stat().st_size * self.spec.keep_fraction))
+        write_at(path, 0, b"", int(path.stat().st_size * self.spec.keep_fraction))
         return {"keep_fraction": self.spec.keep_fraction}
 
 
@@ -381,7 +303,7 @@ class ZeroPageInjector(FileInjector[ZeroPageSpec]):
         with open(path, "rb") as f:
             f.seek(plan["offset"])
             nonzero = sum(1 for b in f.read(plan["length"]) if b)
-        _write(path, plan["offset"], bytes(plan["length"]))
+        write_at(path, plan["offset"], bytes(plan["length"]))
         return plan | {"nonzero_bytes_before": nonzero}
 
 
@@ -397,7 +319,7 @@ class _DeleteInjector(FileInjector[F]):
 
     def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
         path.unlink()
-        _fsync(path.parent)
+        fsync(path.parent)
         return {"deleted": True}
 
 
@@ -425,7 +347,7 @@ class SwapSpec(CheckpointFileSpec):
     kind: Literal["swap"] = "swap"
     description: ClassVar[str] = "Replace a checkpoint file with its twin from another checkpoint."
     source: str = Field(
-        default="previous", pattern=_WHICH, description="Checkpoint the twin comes from."
+        default="previous", pattern=WHICH, description="Checkpoint the twin comes from."
     )
 
     @model_validator(mode="after")
@@ -449,7 +371,7 @@ class SwapInjector(FileInjector[SwapSpec]):
 
     def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
         data = Path(plan["source"]).read_bytes()
-        _write(path, 0, data, len(data))
+        write_at(path, 0, data, len(data))
         return plan
 
 
@@ -477,7 +399,7 @@ class StaleLatestInjector(CheckpointInjector[StaleLatestSpec]):
         if self.spec.to == "previous":
             target = previous_checkpoint(root, latest)
         else:
-            target = root / f"step-{_step(latest) + 1:08d}"
+            target = root / f"step-{step_of(latest) + 1:08d}"
             state = latest / STATE_FILE
             if target.exists():
                 raise InjectionError(f"{target} already exists; a partial checkpoint needs it free")
@@ -485,11 +407,11 @@ class StaleLatestInjector(CheckpointInjector[StaleLatestSpec]):
                 raise InjectionError(f"{state} does not exist; nothing to copy as partial")
             shutil.copytree(latest, target, ignore=shutil.ignore_patterns(MANIFEST))
             size = state.stat().st_size
-            _write(target / STATE_FILE, 0, b"", size // 2)
+            write_at(target / STATE_FILE, 0, b"", size // 2)
             for path in [*target.rglob("*"), target, root]:
-                _fsync(path)
+                fsync(path)
             details |= {"state_size_before": size, "state_size_after": size // 2}
-        _write_latest(root, target.name)
+        write_latest(root, target.name)
         details["latest_after"] = target.name
         return [Injection(fault=self.spec.kind, target=str(pointer), details=details)]
 

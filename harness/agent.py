@@ -31,13 +31,12 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -54,6 +53,8 @@ from faults import (
 from harness.control import ArmedBoard, ControlChannel, register_pid
 from harness.hooks import Inert
 from harness.journal import Event, JournalWriter, journal_path, read_journal_file
+from harness.process_group import broadcast_text
+from harness.step_evidence import params_finite
 
 #: Seconds between two looks at the live-control inbox (rank 0): a command waits at most
 #: this long, and a fast loop does not pay a look at every step.
@@ -411,48 +412,6 @@ class GradientHook:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Inert, ())
-
-
-def broadcast_text(text: str, rank: int, world_size: int) -> str:
-    """Rank 0's ``text`` on every rank (unchanged in a single process)."""
-    if world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
-        return text
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    )
-    data = text.encode() if rank == 0 else b""
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(size, src=0)
-    if rank == 0:
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device or "cpu")
-    else:
-        buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
-    if int(size.item()):
-        dist.broadcast(buffer, src=0)
-    return bytes(buffer.cpu().tolist()).decode()
-
-
-def params_finite(model: nn.Module) -> bool:
-    """True when every parameter of ``model`` is finite."""
-    params = [p.detach() for p in model.parameters() if p.numel()]
-    if not params:
-        return True
-    with torch.no_grad():
-        # Fast: a NaN or an infinity makes its tensor's norm non-finite (one fused read per
-        # tensor, one sync). Only a non-finite norm needs the exact look, since finite
-        # values past ~1e19 overflow a float32 norm too.
-        norms = torch._foreach_norm(params, 2.0)
-        if _all_finite(norms):
-            return True
-        return all(bool(torch.isfinite(p).all()) for p in params)
-
-
-def _all_finite(values: Sequence[torch.Tensor]) -> bool:
-    """True when every one of these scalars is finite (true), one sync per device."""
-    devices: dict[torch.device, list[torch.Tensor]] = {}
-    for value in values:
-        devices.setdefault(value.device, []).append(value.float())
-    return all(bool(torch.isfinite(torch.stack(group)).all()) for group in devices.values())
 
 
 def _quietly_read(path: Path) -> list[Event]:

@@ -36,17 +36,11 @@ from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan
 from harness.agent import Agent
-from harness.attach import (
-    CHECK_EVERY,
-    AttachedAgent,
-    restart_count,
-    topology,
-    unwrap,
-    watch_exit,
-)
+from harness.attach import CHECK_EVERY, AttachedAgent
 from harness.exec import ENV_PLAN, ENV_RUN_DIR
 from harness.files import add_file_listener, remove_file_listener
 from harness.process_group import patch_init_process_group
+from harness.trainer_shape import restart_count, topology, unwrap, watch_exit
 
 
 class Runtime:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, default_pg_timeout
 from torch.distributed.rendezvous import rendezvous
@@ -88,3 +89,22 @@ def patch_init_process_group() -> None:
     init_process_group._tightrope = True  # type: ignore[attr-defined]
     c10d.init_process_group = init_process_group
     dist.init_process_group = init_process_group
+
+
+def broadcast_text(text: str, rank: int, world_size: int) -> str:
+    """Rank 0's ``text`` on every rank (unchanged in a single process)."""
+    if world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return text
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+    data = text.encode() if rank == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    if rank == 0:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device or "cpu")
+    else:
+        buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    if int(size.item()):
+        dist.broadcast(buffer, src=0)
+    return bytes(buffer.cpu().tolist()).decode()

@@ -3,6 +3,7 @@ the gradients cleared (an update given up)? Samples, compared bit for bit."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -78,3 +79,26 @@ class GradMark:
         """True when the gradient is gone, replaced or changed since the mark."""
         grad = self.param.grad
         return grad is None or grad is not self.grad or grad._version != self.version
+
+
+def params_finite(model: nn.Module) -> bool:
+    """True when every parameter of ``model`` is finite."""
+    params = [p.detach() for p in model.parameters() if p.numel()]
+    if not params:
+        return True
+    with torch.no_grad():
+        # Fast: a NaN or an infinity makes its tensor's norm non-finite (one fused read per
+        # tensor, one sync). Only a non-finite norm needs the exact look, since finite
+        # values past ~1e19 overflow a float32 norm too.
+        norms = torch._foreach_norm(params, 2.0)
+        if _all_finite(norms):
+            return True
+        return all(bool(torch.isfinite(p).all()) for p in params)
+
+
+def _all_finite(values: Sequence[torch.Tensor]) -> bool:
+    """True when every one of these scalars is finite (true), one sync per device."""
+    devices: dict[torch.device, list[torch.Tensor]] = {}
+    for value in values:
+        devices.setdefault(value.device, []).append(value.float())
+    return all(bool(torch.isfinite(torch.stack(group)).all()) for group in devices.values())

@@ -77,7 +77,7 @@ def test_bad_batch_injections_carry_their_plan_index(tmp_path: Path) -> None:
 
 
 def test_params_finite_tells_nan_and_inf_from_huge_finite_weights() -> None:
-    from harness.agent import params_finite
+    from harness.step_evidence import params_finite
 
     model = torch.nn.Linear(4, 4)
     assert params_finite(model)
