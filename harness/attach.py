@@ -26,7 +26,7 @@ from torch.utils.hooks import RemovableHandle
 from faults import FaultPlan
 from harness.agent import Agent
 from harness.exec import check_plan
-from harness.files import SavedFile, SaveMatch, add_file_listener, read_saves, remove_file_listener
+from harness.files import SaveMatch, add_file_listener, read_saves, remove_file_listener
 from harness.hooks import (
     ForwardHook,
     StepHook,
@@ -81,7 +81,6 @@ class AttachedAgent:
         self._pid = os.getpid()
         self._params: ParamSample | None = None  # the parameters as the step began
         self._grads: GradMark | None = None  # a gradient as the last backward left it
-        self._saves: list[SavedFile] = []  # this process's saves (also in its journal)
         self._began = False  # a step began in this process
         #: Called once, when the first step ends (exec mode stops looking for the model).
         self.on_first_step: Callable[[], None] | None = None
@@ -351,7 +350,6 @@ class AttachedAgent:
         """Journal the save; remember its hash and step."""
         if self._closed:
             return
-        self._saves.append(SavedFile(time.time(), str(path), sha256, self.agent.step))
         self.agent.claim("file_saved", path=str(path), sha256=sha256, bytes=size, api=api)
         self.agent.file_saved(str(path))
 
@@ -382,8 +380,8 @@ class AttachedAgent:
 
     def _match(self, path: Path, sha256: str) -> SaveMatch:
         """What the run's observed saves (every rank, every attempt) say of these bytes."""
-        saves = [*read_saves(self.agent.run_dir), *self._saves]
-        return SaveMatch.of(saves, str(path), sha256)
+        # This process's saves too: every journal line is flushed when written.
+        return SaveMatch.of(read_saves(self.agent.run_dir), str(path), sha256)
 
 
 def attach(

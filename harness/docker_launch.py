@@ -59,7 +59,7 @@ class _Cluster:
 
     scenario: Scenario
     run_dir: Path
-    plan: Path
+    plan: Path | None
     run_id: str
     endpoint: str
     started: float = field(default_factory=time.monotonic)
@@ -87,7 +87,7 @@ class _Cluster:
 def run_on_docker(
     scenario: Scenario,
     run_dir: Path,
-    plan: Path,
+    plan: Path | None,
     log: Path,
     deadline: float,
     poll: Callable[[], None],

@@ -76,8 +76,6 @@ def reference_command(
         head = _torchrun(spec) if spec.world_size > 1 or elastic else [sys.executable]
     argv = [*head, "-m", "reference_trainer", "--run-dir", str(run_dir)]
     argv += ["--steps", str(spec.steps), "--checkpoint-every", str(spec.checkpoint_every)]
-    if plan is not None and not _holds_faults(plan):
-        plan = None  # a fault-free scenario: the trainer refuses an empty plan
     if resume:
         return [*argv, "--resume", *(["--fault-plan", str(plan)] if plan else [])]
     argv += ["--preset", spec.model, "--seed", str(spec.seed), "--precision", spec.precision]
@@ -93,17 +91,6 @@ def reference_command(
     if plan is not None:
         argv += ["--fault-plan", str(plan)]
     return argv
-
-
-def _holds_faults(plan: Path) -> bool:
-    """True when the plan file the runner wrote names at least one fault."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(plan.read_text())
-    except (OSError, yaml.YAMLError):
-        return True  # let the trainer say what is wrong with it
-    return not isinstance(data, dict) or bool(data.get("faults"))
 
 
 def custom_command(spec: TrainerSpec, run_dir: Path, plan: Path | None) -> list[str]:

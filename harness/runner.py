@@ -106,7 +106,7 @@ INTERRUPTED = "interrupted: the suite run was stopped (Ctrl-C or SIGTERM)"
 def _launch_faulted(
     scenario: Scenario,
     run_dir: Path,
-    plan: Path,
+    plan: Path | None,
     poll: Callable[[], None],
     stop: threading.Event | None = None,
 ) -> Launch:
@@ -248,7 +248,10 @@ class Runner:
                 result.error = INTERRUPTED
                 return result
             stop = self.options.stop
-            launch = _launch_faulted(scenario, run_dir, plan, lambda: poll(run_dir), stop)
+            # The plan is kept with the run either way; a fault-free scenario passes none
+            # (the reference trainer refuses an empty --fault-plan).
+            given = plan if scenario.faults else None
+            launch = _launch_faulted(scenario, run_dir, given, lambda: poll(run_dir), stop)
             result.log_tail = log_tail(run_dir / LOG_FILE)
             result.exit_code = launch.exit_code
             try:
