@@ -7,7 +7,10 @@ On disk::
     RUN_DIR/checkpoints/step-00000040/rng-rank-0.pt  every RNG state of rank 0 (one per rank)
     RUN_DIR/checkpoints/step-00000040/manifest.json  hashes of all the above, written last
     RUN_DIR/checkpoints/latest                       "step-00000040", written after that
+    RUN_DIR/run-id                                   the run's id, bound into every manifest
 
+``latest`` is a hint for people and tools: resume reads the directories themselves and
+takes the newest one that proves to be this run's, intact (`reference_trainer.manifest`).
 A save fills a hidden ``.step-N.tmp`` directory, fsyncs every file, renames it into
 place, fsyncs the folder and only then replaces ``latest``, so a crash at any moment
 leaves either the previous checkpoint as latest or the new one complete. This module
@@ -21,6 +24,8 @@ import os
 import random
 import re
 import shutil
+import stat
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +37,10 @@ from reference_trainer.errors import CheckpointError
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "state.pt"
+RUN_ID_FILE = "run-id"
 _NAME = re.compile(r"step-(\d{8})")
+_TMP = re.compile(r"\.step-\d{8}\.tmp")
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -132,28 +140,104 @@ def write_latest(root: Path, name: str) -> None:
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Published checkpoint directories, oldest first (hidden in-progress ones excluded)."""
+    """Published checkpoint directories, oldest first: real directories named
+    ``step-NNNNNNNN`` (hidden in-progress ones and symlinks excluded). Whether one is
+    intact and this run's is for `reference_trainer.manifest` to say."""
     root = checkpoint_root(run_dir)
-    if not root.is_dir():
+    try:
+        entries = list(root.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(p for p in root.iterdir() if _NAME.fullmatch(p.name) and p.is_dir())
+    return sorted(p for p in entries if _NAME.fullmatch(p.name) and _real_dir(p))
+
+
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def latest_hint(run_dir: Path) -> str | None:
+    """The name ``latest`` holds, when it is a small regular file naming a checkpoint;
+    None otherwise (missing, empty, garbage, a symlink, a directory, a FIFO: none of them
+    blocks or raises)."""
+    pointer = checkpoint_root(run_dir) / LATEST
+    try:
+        fd = os.open(pointer, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, 64)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        name = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    return name if _NAME.fullmatch(name) else None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint ``latest`` points at; None when the run has none."""
-    pointer = checkpoint_root(run_dir) / LATEST
+    """The checkpoint ``latest`` names when that is a real checkpoint directory, else the
+    newest by name; None when the run has none. Trusted only without integrity checks."""
+    name = latest_hint(run_dir)
+    if name is not None and _real_dir(checkpoint_root(run_dir) / name):
+        return checkpoint_root(run_dir) / name
+    done = complete_checkpoints(run_dir)
+    return done[-1] if done else None
+
+
+def remove_unfinished(run_dir: Path) -> list[Path]:
+    """Delete the ``.step-N.tmp`` folders of saves that never finished (a crash or kill
+    mid-save); rank 0 calls this before its first step, while no save is in flight."""
+    root = checkpoint_root(run_dir)
     try:
-        name = pointer.read_text().strip()
+        stale = [p for p in root.iterdir() if _TMP.fullmatch(p.name) and _real_dir(p)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def new_run_id(run_dir: Path) -> str:
+    """Give a fresh run its id (``RUN_DIR/run-id``), written atomically and fsynced."""
+    run_id = uuid.uuid4().hex
+    tmp = run_dir / f".{RUN_ID_FILE}.tmp"
+    with open(tmp, "w") as f:
+        f.write(run_id + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / RUN_ID_FILE)
+    fsync_dir(run_dir)
+    return run_id
+
+
+def read_run_id(run_dir: Path) -> str:
+    """The run's id; a `CheckpointError` when the file is missing or not an id."""
+    path = run_dir / RUN_ID_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            raw = os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
     except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read {pointer}: {exc}") from exc
-    if not _NAME.fullmatch(name):
-        raise CheckpointError(f"{pointer} names {name!r}, which is not a checkpoint")
-    path = pointer.parent / name
-    if not path.is_dir():
-        raise CheckpointError(f"{pointer} names {name}, but {path} does not exist")
-    return path
+        raise CheckpointError(
+            f"{path} is missing: this run dir was not written by this version of the "
+            "reference trainer, or the file was deleted"
+        ) from None
+    except OSError as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc.strerror}") from exc
+    run_id = raw.decode("ascii", errors="replace").strip()
+    if not _RUN_ID.fullmatch(run_id):
+        raise CheckpointError(f"{path} does not hold a run id (32 hex digits)")
+    return run_id
 
 
 def checkpoint_step(path: Path) -> int:

@@ -24,6 +24,7 @@ from reference_trainer import checkpoint as files
 from reference_trainer.delta import DeltaBlob, DeltaError, decode_delta, encode_delta
 from reference_trainer.errors import CheckpointError, ConfigError
 from reference_trainer.manifest import (
+    check_identity,
     describe_tensors,
     read_manifest,
     verify_files,
@@ -91,6 +92,14 @@ class CheckpointManager:
         self._since_full = 0
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._run_id: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        """The run's id, bound into every manifest (read once, when first needed)."""
+        if self._run_id is None:
+            self._run_id = files.read_run_id(self.run_dir)
+        return self._run_id
 
     # -- saving ----------------------------------------------------------------------
 
@@ -152,6 +161,7 @@ class CheckpointManager:
             _write_bytes(tmp / DELTA_FILE, blob.to_bytes())
         write_manifest(
             tmp,
+            run_id=self.run_id,
             step=step,
             kind="full" if full else "delta",
             parent=parent,
@@ -179,13 +189,15 @@ class CheckpointManager:
 
     def prune(self) -> list[Path]:
         """Keep the newest ``keep`` checkpoints, the full ones their deltas need, and the
-        newest verified one; delete the rest."""
-        done = files.complete_checkpoints(self.run_dir)
+        newest verified one; delete the rest. Only this run's own checkpoints count or
+        go: a directory whose manifest is not this run's at its name's step is left be."""
+        own = {p: self._own_manifest(p) for p in files.complete_checkpoints(self.run_dir)}
+        done = [p for p, manifest in own.items() if manifest is not None]
         keep = set(done[-self.keep :])
         for path in list(keep):
-            parent = _parent(path)
-            if parent is not None:
-                keep.add(self.root / parent)
+            manifest = own[path]
+            if manifest is not None and manifest["parent"] is not None:
+                keep.add(self.root / manifest["parent"])
         if self.last_verified is not None:
             keep.add(self.last_verified)
         removed = [p for p in done if p not in keep]
@@ -196,7 +208,8 @@ class CheckpointManager:
     # -- loading ---------------------------------------------------------------------
 
     def candidates(self) -> list[Path]:
-        """Checkpoints to try, newest first. Without integrity checks, ``latest`` alone."""
+        """Checkpoints to try, newest first. Without integrity checks, the one ``latest``
+        names (or the newest by name) alone."""
         if not self.config.integrity:
             latest = files.latest_checkpoint(self.run_dir)
             return [latest] if latest else []
@@ -204,17 +217,51 @@ class CheckpointManager:
 
     def load(self, path: Path) -> dict[str, Any]:
         """The full state of one checkpoint, verified against its manifest when asked."""
-        if not self.config.integrity:
-            return self._read(path, verify=False)
-        return self._read(path, verify=True)
+        return self._read(path, verify=self.config.integrity)
+
+    def check(self, path: Path) -> dict[str, Any]:
+        """The manifest of ``path`` once the checkpoint has proved to be this run's, at its
+        name's step, with every file of it and of its parent intact; the state itself is
+        not read (`load` does that). A `CheckpointError` says why not."""
+        manifest = self._checked(path)
+        if manifest["kind"] == "delta":
+            self._checked_parent(path, manifest)
+        return manifest
+
+    def _checked(self, path: Path) -> dict[str, Any]:
+        manifest = read_manifest(path)
+        check_identity(path, manifest, self.run_id)
+        verify_files(path, manifest)
+        return manifest
+
+    def _parent_of(self, path: Path, manifest: dict[str, Any]) -> Path:
+        """A delta's parent, named by its manifest: a checkpoint of an earlier step."""
+        parent = self.root / str(manifest["parent"])
+        if files.checkpoint_step(parent) >= manifest["step"]:
+            raise CheckpointError(f"{path}: its parent {parent.name} is not an earlier step")
+        return parent
+
+    def _checked_parent(self, path: Path, manifest: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+        """A delta's parent and its manifest once it has passed `_checked` and proved full
+        (so a chain is one link long and cannot loop)."""
+        parent = self._parent_of(path, manifest)
+        parent_manifest = self._checked(parent)
+        if parent_manifest["kind"] != "full":
+            raise CheckpointError(f"{path}: its parent {parent.name} is not full")
+        return parent, parent_manifest
 
     def _read(self, path: Path, *, verify: bool) -> dict[str, Any]:
-        manifest = read_manifest(path) if verify or (path / DELTA_FILE).exists() else None
         if verify:
-            assert manifest is not None
-            verify_files(path, manifest)
+            manifest: dict[str, Any] | None = self._checked(path)
+        else:
+            manifest = read_manifest(path) if (path / DELTA_FILE).exists() else None
         if manifest is not None and manifest["kind"] == "delta":
-            base = self._read(self.root / str(manifest["parent"]), verify=verify)
+            if verify:
+                parent, base_manifest = self._checked_parent(path, manifest)
+                base = files.load_file(parent / files.STATE_FILE)
+                verify_tensors(parent, base_manifest, base)
+            else:
+                base = files.load_file(self._parent_of(path, manifest) / files.STATE_FILE)
             try:
                 blob = DeltaBlob.from_bytes((path / DELTA_FILE).read_bytes())
                 state: dict[str, Any] = decode_delta(blob, base)
@@ -251,23 +298,28 @@ class CheckpointManager:
         detail = "; ".join(rejected) if rejected else "none found"
         raise CheckpointError(f"no valid checkpoint in {self.root} ({detail})")
 
+    def _own_manifest(self, path: Path) -> dict[str, Any] | None:
+        """The manifest of ``path`` when it is this run's checkpoint at its name's step,
+        else None (its files are not read)."""
+        try:
+            manifest = read_manifest(path)
+            check_identity(path, manifest, self.run_id)
+        except CheckpointError:
+            return None
+        return manifest
+
     def _note_loaded(self, path: Path, state: dict[str, Any]) -> None:
         self.last_verified = path if self.config.integrity else None
-        manifest = read_manifest(path) if (path / "manifest.json").exists() else None
-        if manifest is not None and manifest["kind"] == "full":
+        try:
+            full = read_manifest(path)["kind"] == "full"
+        except CheckpointError:  # (loaded unverified: integrity checks are off)
+            full = False
+        if full:
             # A private copy: the optimizer adopts the loaded tensors and updates them in
             # place, which would silently change the base later deltas are encoded against.
             self._base, self._since_full = (path.name, snapshot(state)), 0
         else:  # the next save is full: a delta's base must be one this process verified
             self._base, self._since_full = None, 0
-
-
-def _parent(path: Path) -> str | None:
-    try:
-        parent = read_manifest(path).get("parent")
-    except CheckpointError:
-        return None
-    return str(parent) if parent else None
 
 
 def _write_bytes(path: Path, data: bytes) -> None:

@@ -16,11 +16,11 @@ from typing import NoReturn
 
 from faults import FaultPlan
 from harness.errors import TightropeError
-from reference_trainer.checkpoint import checkpoint_step, latest_checkpoint
+from reference_trainer.checkpoint import checkpoint_step, complete_checkpoints
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError
 from reference_trainer.preemption import EXIT_PREEMPTED
-from reference_trainer.run_dir import check_resumable
+from reference_trainer.run_dir import check_resumable, check_run
 from reference_trainer.stability import MECHANISMS, StabilityConfig
 
 PROG = "reference_trainer"
@@ -163,22 +163,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     restarted = restart_count() > 0
     try:
-        if restarted and not args.resume and latest_checkpoint(args.run_dir) is not None:
+        if restarted and not args.resume and complete_checkpoints(args.run_dir):
             args.resume = True
         if args.resume:
-            latest = check_resumable(args.run_dir)
+            check_run(args.run_dir)
             cfg = settle_config(args)
-            if checkpoint_step(latest) >= cfg.steps:
+            start = check_resumable(args.run_dir, integrity=cfg.stability.checkpoints.integrity)
+            done = 0 if start is None else checkpoint_step(start)
+            if start is None and rank == 0:
+                print(
+                    f"{args.run_dir} never finished a checkpoint; starting over from step 0 "
+                    "with its configuration"
+                )
+            if done >= cfg.steps:
                 if rank == 0:
                     print(
-                        f"{args.run_dir} is already at step {checkpoint_step(latest)}; "
+                        f"{args.run_dir} is already at step {done}; "
                         f"nothing to do for --steps {cfg.steps}"
                     )
                 return 0
-            if args.stop_after is not None and args.stop_after <= checkpoint_step(latest):
+            if args.stop_after is not None and args.stop_after <= done:
                 raise ConfigError(
-                    f"--stop-after {args.stop_after} is not past the checkpoint's step "
-                    f"{checkpoint_step(latest)}"
+                    f"--stop-after {args.stop_after} is not past the checkpoint's step {done}"
                 )
         else:
             cfg = settle_config(args)

@@ -6,8 +6,10 @@ import warnings
 from pathlib import Path
 
 from harness.journal import JOURNAL_DIR, read_journal
-from reference_trainer.checkpoint import checkpoint_root, latest_checkpoint
-from reference_trainer.errors import RunDirError
+from reference_trainer.checkpoint import checkpoint_root, complete_checkpoints, read_run_id
+from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
+from reference_trainer.config import CONFIG_FILE
+from reference_trainer.errors import CheckpointError, RunDirError
 
 
 def check_fresh(run_dir: Path) -> None:
@@ -15,21 +17,66 @@ def check_fresh(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} exists and is not a directory")
     taken = [p.name for p in (checkpoint_root(run_dir), run_dir / JOURNAL_DIR) if p.exists()]
-    if taken:
+    if not taken:
+        return
+    if not complete_checkpoints(run_dir):
         raise RunDirError(
-            f"--run-dir {run_dir} already holds a run ({' and '.join(taken)}); "
-            "pass --resume to continue it, or choose another --run-dir"
+            f"--run-dir {run_dir} holds a run that never finished a checkpoint (its first "
+            "save was interrupted, or it stopped before one); pass --resume to start it over "
+            "from step 0 with its configuration, or choose another --run-dir"
         )
+    raise RunDirError(
+        f"--run-dir {run_dir} already holds a run ({' and '.join(taken)}); "
+        "pass --resume to continue it, or choose another --run-dir"
+    )
 
 
-def check_resumable(run_dir: Path) -> Path:
-    """The checkpoint a resume starts from; an error when there is none."""
+def check_run(run_dir: Path) -> None:
+    """``--resume`` needs a run: the directory and the configuration it was started with."""
     if not run_dir.is_dir():
         raise RunDirError(f"--resume: run dir {run_dir} does not exist")
-    latest = latest_checkpoint(run_dir)
-    if latest is None:
-        raise RunDirError(f"--resume: {run_dir} holds no checkpoint to resume from")
-    return latest
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise RunDirError(f"--resume: {run_dir} holds no run to resume (no {CONFIG_FILE})")
+
+
+def check_resumable(run_dir: Path, *, integrity: bool = True) -> Path | None:
+    """The checkpoint a resume starts from: the newest that proves to be this run's, at
+    its name's step, intact (``latest`` is only a hint). None when the run never finished a
+    checkpoint: it starts over from step 0. An error when checkpoints exist but none is
+    usable. Without ``integrity`` the one ``latest`` names is taken on trust, as the
+    trainer will."""
+    if not run_dir.is_dir():
+        raise RunDirError(f"--resume: run dir {run_dir} does not exist")
+    found = complete_checkpoints(run_dir)
+    if not found:
+        return None
+    manager = CheckpointManager(
+        run_dir,
+        CheckpointConfig(integrity=integrity),
+        rank=0,
+        keep=len(found),
+        barrier=lambda: None,
+        claim=lambda kind, **fields: None,
+    )
+    if not integrity:
+        return manager.candidates()[0]
+    try:
+        read_run_id(run_dir)
+    except CheckpointError as exc:
+        raise RunDirError(f"--resume: {exc}") from None
+    reasons = []
+    for path in reversed(found):
+        try:
+            manager.check(path)
+        except CheckpointError as exc:
+            reasons.append(str(exc))
+            continue
+        return path
+    shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+    raise RunDirError(
+        f"--resume: none of the {len(found)} checkpoint(s) in {checkpoint_root(run_dir)} is "
+        f"intact and this run's ({shown})"
+    )
 
 
 def lost_ranks(run_dir: Path, attempt: int) -> list[int]:

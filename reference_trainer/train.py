@@ -147,7 +147,7 @@ def train(
     run_dir = Path(run_dir)
     # Every check reads only: no rank may write before all have looked at the same disk.
     if resume:
-        check_resumable(run_dir)
+        check_resumable(run_dir, integrity=cfg.stability.checkpoints.integrity)
     elif not restarted:
         check_fresh(run_dir)
     watchdog = cfg.stability.watchdog
@@ -225,8 +225,13 @@ class Run:
         """Train to step ``last``; returns what this process saw."""
         cfg, topo, agent = self.cfg, self.topo, self.agent
         started = time.monotonic()
-        if topo.is_main and not resume:
-            cfg.save(self.run_dir)
+        if topo.is_main:
+            if not resume:
+                cfg.save(self.run_dir)
+            has_id = (self.run_dir / ckpt.RUN_ID_FILE).exists()
+            if (not resume and not topo.restart) or not (has_id or self._has_checkpoints()):
+                ckpt.new_run_id(self.run_dir)  # (a restart before the first save keeps its id)
+            ckpt.remove_unfinished(self.run_dir)  # no save is in flight before step 1
         agent.start(
             0,
             target_steps=cfg.steps,
@@ -253,7 +258,7 @@ class Run:
         status, reason, loss = "failed", "interrupted", math.nan
         self.preemption.install()
         try:
-            if resume:
+            if resume and self._has_checkpoints():
                 path, state = self.checkpoints.load_valid()
                 step = self.restore(path, state)
             if self.heartbeat is not None:
@@ -273,6 +278,9 @@ class Run:
             self.preemption.uninstall()
             agent.close("stopped" if status == "preempted" else status, reason)
         return RunResult(step, loss, time.monotonic() - started, status)
+
+    def _has_checkpoints(self) -> bool:
+        return bool(ckpt.complete_checkpoints(self.run_dir))
 
     def _loop(self, step: int, last: int) -> tuple[int, float, str, str]:
         cfg, agent = self.cfg, self.agent

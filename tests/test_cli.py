@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from harness.cli import main as tightrope
+from harness.journal import read_journal
 from reference_trainer.cli import main as trainer
 
 from .conftest import run_module
@@ -108,7 +110,7 @@ def test_resume_of_a_dir_without_checkpoints(
 ) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     assert trainer(["--run-dir", str(tmp_path), "--resume"]) == 2
-    assert "holds no checkpoint to resume from" in one_error_line(capsys)
+    assert "holds no run to resume (no config.json)" in one_error_line(capsys)
     assert snapshot(tmp_path) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
 
 
@@ -130,10 +132,39 @@ def test_unreadable_checkpoints_are_named_and_nothing_changes(
     before = snapshot(run_copy)
     assert trainer(["--run-dir", str(run_copy), "--resume", "--steps", "8"]) == 2
     line = one_error_line(capsys)
-    assert "no valid checkpoint in" in line
-    assert "step-00000004: " in line and "step-00000002: " in line  # each one, with why
+    assert "none of the 2 checkpoint(s) in" in line
+    assert "step-00000004/" in line and "step-00000002/" in line  # each one, with why
     journal = {k: v for k, v in snapshot(run_copy).items() if not k.startswith("journal")}
     assert journal == {k: v for k, v in before.items() if not k.startswith("journal")}
+
+
+def test_a_run_whose_first_save_was_interrupted_starts_over_on_resume(
+    run_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = run_copy / "checkpoints"
+    for folder in root.glob("step-*"):
+        shutil.rmtree(folder)
+    (root / "latest").unlink()
+    (root / ".step-00000002.tmp").mkdir()  # the first save, killed mid-way
+    (root / ".step-00000002.tmp" / "state.pt").write_bytes(b"\x80\x02partial")
+    before = snapshot(run_copy)
+    assert trainer(["--run-dir", str(run_copy), "--steps", "4"]) == 2
+    line = one_error_line(capsys)
+    assert "never finished a checkpoint" in line and "pass --resume to start it over" in line
+    assert snapshot(run_copy) == before
+    assert trainer(["--run-dir", str(run_copy), "--resume", "--steps", "4"]) == 0
+    assert "never finished a checkpoint; starting over from step 0" in capsys.readouterr().out
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-00000002", "step-00000004"]
+
+
+def test_resume_takes_the_newest_valid_checkpoint_whatever_latest_says(run_copy: Path) -> None:
+    root = run_copy / "checkpoints"
+    shutil.rmtree(root / "step-00000004")  # the newest is gone, and latest is a FIFO
+    (root / "latest").unlink()
+    os.mkfifo(root / "latest")
+    assert trainer(["--run-dir", str(run_copy), "--resume", "--steps", "6"]) == 0
+    loads = [e for e in read_journal(run_copy) if e.kind == "checkpoint_loaded"]
+    assert [Path(e["path"]).name for e in loads] == ["step-00000002"]
 
 
 def test_resume_refuses_a_changed_configuration(

@@ -46,7 +46,7 @@ def manager(run_dir: Path) -> CheckpointManager:
 
 def resume(run_dir: Path) -> int:
     """The step the run resumes after; the loaded state must be exactly what was saved."""
-    if files.latest_checkpoint(run_dir) is None:
+    if not files.complete_checkpoints(run_dir):
         return 0
     path, state = manager(run_dir).load_valid()
     step = int(state["step"])
@@ -73,6 +73,7 @@ def saver(run_dir: Path, ready: Any) -> None:
 def test_a_kill_at_any_moment_of_a_save_leaves_a_resumable_run(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     rng = random.Random(1234)
+    files.new_run_id(tmp_path)
     steps, killed_mid_write = [], 0
     for _ in range(ROUNDS):
         ready = ctx.Event()

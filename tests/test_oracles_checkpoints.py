@@ -31,7 +31,8 @@ def save(run_dir: Path, name: str, data: bytes, parent: str | None = None) -> Pa
     (folder / ("delta.bin" if parent else "state.pt")).write_bytes(data)
     (folder / "rng-rank-0.pt").write_bytes(b"rng" * 50)
     step = int(name.removeprefix("step-"))
-    write_manifest(folder, step=step, kind="delta" if parent else "full", parent=parent, tensors={})
+    kind = "delta" if parent else "full"
+    write_manifest(folder, run_id="0" * 32, step=step, kind=kind, parent=parent, tensors={})
     (run_dir / "checkpoints" / "latest").write_text(name + "\n")
     return folder
 
@@ -71,6 +72,16 @@ def test_silent_damage_to_a_loaded_checkpoint_fails(tmp_path: Path) -> None:
     check = resume(run)
     assert not check.passed and check.figure == 1
     assert "delta.bin does not match its SHA-256" in check.detail
+
+
+def test_a_checkpoint_renamed_into_the_loaded_step_is_corrupt(tmp_path: Path) -> None:
+    run = saved_run(tmp_path)
+    root = tmp_path / "checkpoints"
+    shutil.rmtree(root / DELTA)
+    shutil.copytree(root / FULL, root / DELTA)  # step 10's intact files under step 20's name
+    check = resume(run)
+    assert not check.passed and check.figure == 1
+    assert "holds the manifest of step 10, not of the step its name says" in check.detail
 
 
 def test_a_delta_with_a_damaged_parent_is_corrupt(tmp_path: Path) -> None:

@@ -101,7 +101,9 @@ def test_a_resume_that_loses_the_data_position_is_caught(tmp_path: Path) -> None
     state["data"]["buffer"] = torch.zeros(0, dtype=torch.int64)
     torch.save(state, latest / "state.pt")
     (latest / "manifest.json").unlink()  # re-sign the edited checkpoint so it loads
-    write_manifest(latest, step=10, kind="full", parent=None, tensors=describe_tensors(state))
+    run_id = ckpt.read_run_id(tmp_path / "split")
+    tensors = describe_tensors(state)
+    write_manifest(latest, run_id=run_id, step=10, kind="full", parent=None, tensors=tensors)
     run(cfg, tmp_path / "split", resume=True)
     straight, split = read_journal(tmp_path / "straight"), read_journal(tmp_path / "split")
     assert straight.losses()[:10] == split.losses()[:10]

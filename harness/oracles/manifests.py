@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
+_STEP_NAME = re.compile(r"step-(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,16 @@ def verify_files(directory: Path, files: dict[str, Any]) -> str:
     return ""
 
 
+def _mislabelled(directory: Path, manifest: dict[str, Any]) -> str:
+    """What is wrong when a ``step-NNNNNNNN`` folder holds another step's manifest (a
+    renamed, swapped or copied checkpoint); "" otherwise."""
+    match = _STEP_NAME.fullmatch(directory.name)
+    step = manifest.get("step")
+    if match and isinstance(step, int) and int(match.group(1)) != step:
+        return f"{directory} holds the manifest of step {step}, not of the step its name says"
+    return ""
+
+
 def inspect_checkpoint(directory: Path) -> CheckpointState:
     """Check ``directory`` and, for a delta, every parent it needs."""
     chain: list[str] = []
@@ -105,6 +117,9 @@ def inspect_checkpoint(directory: Path) -> CheckpointState:
             return CheckpointState("missing", f"{current} no longer exists", tuple(chain))
         manifest, problem = read_manifest(current)
         if manifest is None:
+            return CheckpointState("corrupt", problem, tuple(chain))
+        problem = _mislabelled(current, manifest)
+        if problem:
             return CheckpointState("corrupt", problem, tuple(chain))
         problem = verify_files(current, manifest["files"])
         if problem:
