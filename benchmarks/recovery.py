@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +43,7 @@ FAULTS = {
 
 
 def _journal(run_dir: Path) -> Journal:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return read_journal(run_dir)
+    return read_journal(run_dir, warn=False)
 
 
 def launcher(world_size: int, env: dict[str, str]) -> float:

@@ -195,12 +195,20 @@ def _decode_line(raw: str, path: Path, lineno: int) -> Event:
 def read_journal_file(path: str | os.PathLike[str], *, warn: bool = True) -> list[Event]:
     """Events of one rank's file in the order written, skipping torn lines (with a warning,
     unless ``warn`` is false: a torn tail is expected where a killed attempt is read)."""
-    path = Path(path)
+    events, skipped = _read_file(Path(path))
+    if warn:
+        _warn(skipped)
+    return events
+
+
+def _read_file(path: Path) -> tuple[list[Event], list[str]]:
+    """Events of one file, and a note for each torn line skipped."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise JournalError(f"cannot read journal {path}: {exc.strerror}") from exc
     events: list[Event] = []
+    skipped: list[str] = []
     lines = data.split(b"\n")
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -208,22 +216,25 @@ def read_journal_file(path: str | os.PathLike[str], *, warn: bool = True) -> lis
         try:
             events.append(_decode_line(raw.decode("utf-8"), path, lineno))
         except (ValueError, UnicodeDecodeError) as exc:
-            if not warn:
-                continue
             where = "last line" if lineno == len(lines) else f"line {lineno}"
-            warnings.warn(
-                f"{path}: skipped torn {where} ({exc}); a writer was probably killed mid-line",
-                TornLineWarning,
-                stacklevel=2,
+            skipped.append(
+                f"{path}: skipped torn {where} ({exc}); a writer was probably killed mid-line"
             )
-    return events
+    return events, skipped
+
+
+def _warn(skipped: Sequence[str]) -> None:
+    for note in skipped:
+        warnings.warn(note, TornLineWarning, stacklevel=3)
 
 
 class Journal(Sequence[Event]):
     """All events of a run, every rank and restart merged in time order."""
 
-    def __init__(self, events: Sequence[Event]) -> None:
+    def __init__(self, events: Sequence[Event], skipped: Sequence[str] = ()) -> None:
         self._events = list(events)
+        #: A note for each torn line the reader skipped (a writer killed mid-line).
+        self.skipped = tuple(skipped)
 
     @overload
     def __getitem__(self, index: int) -> Event: ...
@@ -258,10 +269,13 @@ class Journal(Sequence[Event]):
         return [float(steps[s]["loss"]) for s in sorted(steps)]
 
 
-def read_journal(run_dir: str | os.PathLike[str]) -> Journal:
+def read_journal(run_dir: str | os.PathLike[str], *, warn: bool = True) -> Journal:
     """Read and merge every rank's journal under ``run_dir``.
 
-    Each rank's events keep their written order; ranks are interleaved by wall time.
+    Each rank's events keep their written order; ranks are interleaved by wall time. Torn
+    lines are skipped and noted in `Journal.skipped`; with ``warn`` each also raises a
+    `TornLineWarning` (pass ``warn=False`` where a killed rank's torn tail is expected: no
+    process-wide warning filter needs changing).
     """
     folder = Path(run_dir) / JOURNAL_DIR
     if not folder.is_dir():
@@ -271,5 +285,11 @@ def read_journal(run_dir: str | os.PathLike[str]) -> Journal:
     )
     if not files:
         raise JournalError(f"no journal in {run_dir}: {folder} holds no rank-<R>.jsonl file")
-    streams = [read_journal_file(p) for _, p in files]
-    return Journal(list(heapq.merge(*streams, key=lambda e: e.wall)))
+    streams, skipped = [], []
+    for _, path in files:
+        events, torn = _read_file(path)
+        streams.append(events)
+        skipped.extend(torn)
+    if warn:
+        _warn(skipped)
+    return Journal(list(heapq.merge(*streams, key=lambda e: e.wall)), skipped)

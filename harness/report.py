@@ -8,7 +8,6 @@ exit code) is kept from the saved result.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -32,15 +31,15 @@ def rejudge(out_dir: Path) -> SuiteResult:
             raise ScorecardError(
                 f"{out_dir}: the saved spec of scenario {result.name!r} is invalid: {exc}"
             ) from None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                journal = read_journal(out_dir / result.run_dir)
-                baseline = (
-                    read_journal(out_dir / result.baseline_dir) if result.baseline_dir else None
-                )
-            except JournalError:
-                continue  # nothing to judge again: keep the saved verdicts
+        try:
+            journal = read_journal(out_dir / result.run_dir, warn=False)
+            baseline = (
+                read_journal(out_dir / result.baseline_dir, warn=False)
+                if result.baseline_dir
+                else None
+            )
+        except JournalError:
+            continue  # nothing to judge again: keep the saved verdicts
         evidence = Evidence(
             journal=journal,
             run_dir=out_dir / result.run_dir,

@@ -14,7 +14,6 @@ import os
 import shutil
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -138,9 +137,7 @@ def _launch_faulted(
 
 
 def _read(run_dir: Path) -> Journal:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a torn last line of a killed rank is expected
-        return read_journal(run_dir)
+    return read_journal(run_dir, warn=False)  # a torn last line of a killed rank is expected
 
 
 def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from harness.journal import JOURNAL_DIR, read_journal
@@ -81,9 +80,8 @@ def check_resumable(run_dir: Path, *, integrity: bool = True) -> Path | None:
 
 def lost_ranks(run_dir: Path, attempt: int) -> list[int]:
     """Ranks whose process in ``attempt`` started but never ended on its own (killed)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a killed writer leaves a torn last line
-        events = [e for e in read_journal(run_dir) if e.restart == attempt]
+    # (a killed writer leaves a torn last line)
+    events = [e for e in read_journal(run_dir, warn=False) if e.restart == attempt]
     started = {e.rank for e in events if e.kind == "run_start"}
     ended = {e.rank for e in events if e.kind == "run_end"}
     return sorted(started - ended)

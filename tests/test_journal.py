@@ -100,6 +100,12 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None:
     with pytest.warns(TornLineWarning, match="torn last line"):
         events = read_journal(tmp_path)
     assert [e.step for e in events] == [1]
+    # Where a torn tail is expected: the same events and a note, and no warning at all.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = read_journal(tmp_path, warn=False)
+    assert [e.step for e in quiet] == [1]
+    assert len(quiet.skipped) == 1 and "torn last line" in quiet.skipped[0]
 
 
 def test_writer_reopened_after_a_torn_line_starts_a_fresh_line(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ checkpoint). Restarts are torchrun's own, resuming from real checkpoints on disk
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +101,7 @@ def test_without_the_emergency_save_preemption_loses_work(
 def test_a_preempted_run_resumes_from_its_emergency_checkpoint(
     results: dict[str, ScenarioResult], out: Path
 ) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        journal = read_journal(out / results["preempt"].run_dir)
+    journal = read_journal(out / results["preempt"].run_dir, warn=False)
     (saved,) = [e for e in journal.of_kind("recovered") if e["action"] == "emergency_checkpoint"]
     (loaded,) = journal.of_kind("checkpoint_loaded")
     assert loaded["path"].endswith(f"step-{saved['details']['step']:08d}")

@@ -4,7 +4,6 @@ exactly where an uninterrupted one does."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,7 @@ KILLS = [(8, 1), (16, 0), (24, 1)]  # (step, rank)
 
 
 def journal(run_dir: Path) -> Journal:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the killed ranks' torn last lines
-        return read_journal(run_dir)
+    return read_journal(run_dir, warn=False)  # the killed ranks' torn last lines
 
 
 @pytest.mark.slow

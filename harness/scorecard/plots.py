@@ -17,14 +17,13 @@ import bisect
 import io
 import math
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from harness.errors import JournalError
-from harness.journal import Journal, TornLineWarning, read_journal
+from harness.journal import Journal, read_journal
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -93,15 +92,13 @@ def series_from_journal(journal: Journal) -> StepSeries:
 
 def load_series(run_dir: Path) -> tuple[StepSeries | None, list[str]]:
     """A run's series and notes for the reader; None when the journal cannot be read."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TornLineWarning)
-        try:
-            journal = read_journal(run_dir)
-        # ValueError and TypeError: a hand-edited line the reader does not expect; the
-        # report notes it and goes on.
-        except (JournalError, OSError, ValueError, TypeError) as exc:
-            return None, [f"journal unreadable: {exc}"]
-    notes = [f"skipped {n} torn line(s)" for n in [len(caught)] if n]
+    try:
+        journal = read_journal(run_dir, warn=False)
+    # ValueError and TypeError: a hand-edited line the reader does not expect; the report
+    # notes it and goes on.
+    except (JournalError, OSError, ValueError, TypeError) as exc:
+        return None, [f"journal unreadable: {exc}"]
+    notes = [f"skipped {n} torn line(s)" for n in [len(journal.skipped)] if n]
     series = series_from_journal(journal)
     if not series.steps:
         return None, [*notes, f"the journal in {run_dir} holds no step events"]
