@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import TightropeError
+from harness.mechanisms import LAUNCHER_MECHANISMS
 from harness.process_tree import MARK, kill_marked, kill_tree
 from harness.scenario import TrainerSpec
 
@@ -84,7 +85,7 @@ def reference_command(
     if spec.preset == "fragile":
         argv.append("--fragile")
     for name in spec.disable:
-        if name != "restarts":  # the launcher's, not the trainer's
+        if name not in LAUNCHER_MECHANISMS:  # the launcher's, not the trainer's
             argv += ["--disable", name]
     if stop_after is not None:
         argv += ["--stop-after", str(stop_after)]

@@ -16,12 +16,13 @@ from typing import NoReturn
 
 from faults import FaultPlan
 from harness.errors import TightropeError
+from harness.mechanisms import TRAINER_MECHANISMS
 from reference_trainer.checkpoint import checkpoint_step, complete_checkpoints
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError
 from reference_trainer.preemption import EXIT_PREEMPTED
 from reference_trainer.run_dir import check_resumable, check_run
-from reference_trainer.stability import MECHANISMS, StabilityConfig
+from reference_trainer.stability import StabilityConfig
 
 PROG = "reference_trainer"
 #: Flags a resumed run may change; every other flag must match the saved configuration.
@@ -80,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--disable",
         action="append",
         default=[],
-        choices=sorted(MECHANISMS),
+        choices=sorted(TRAINER_MECHANISMS),
         metavar="MECHANISM",
-        help=f"switch one mechanism off (repeatable): {', '.join(MECHANISMS)}",
+        help=f"switch one mechanism off (repeatable): {', '.join(TRAINER_MECHANISMS)}",
     )
     p.add_argument(
         "--fault-plan", type=Path, metavar="PLAN.yaml", help="inject the faults of this plan"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.mechanisms import TRAINER_MECHANISMS
 from reference_trainer.checkpointing import CheckpointConfig
 from reference_trainer.clipping import ClipConfig
 from reference_trainer.dedup import DedupConfig
@@ -16,22 +17,6 @@ from reference_trainer.loss_spikes import RobustZScoreConfig, SpikeConfig
 from reference_trainer.precision_switch import PrecisionSwitchConfig
 from reference_trainer.recovery import RecoveryConfig
 from reference_trainer.watchdog import WatchdogConfig
-
-#: Names accepted by ``--disable``, with what each switches off.
-MECHANISMS = {
-    "nonfinite_guard": "skip steps whose loss or gradients are not finite (on all ranks)",
-    "loss_scale": "dynamic fp16 loss scaling with hysteresis",
-    "precision_switch": "move blocks near the fp16 limit to fp32",
-    "clipping": "adaptive gradient clipping",
-    "spikes": "loss-spike detectors",
-    "integrity": "checkpoint manifests verified on load, fallback to older checkpoints",
-    "delta": "delta checkpoints between full ones",
-    "async": "background checkpoint persistence",
-    "recovery": "the three-level recovery policy",
-    "dedup": "the streaming duplicate filter",
-    "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
-    "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
-}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -60,7 +45,7 @@ class StabilityConfig:
     """On SIGTERM, save an emergency checkpoint at the next step boundary, then exit."""
 
     def disable(self, name: str) -> None:
-        """Switch off one mechanism by its ``MECHANISMS`` name."""
+        """Switch off one mechanism by its name (`harness.mechanisms.TRAINER_MECHANISMS`)."""
         if name == "nonfinite_guard":
             self.nonfinite_guard = False
         elif name in ("loss_scale", "precision_switch", "clipping", "recovery", "dedup"):
@@ -85,7 +70,7 @@ class StabilityConfig:
     def fragile(cls) -> StabilityConfig:
         """Every stability mechanism off (checkpoints stay full, written in the background)."""
         config = cls()
-        for name in MECHANISMS:
+        for name in TRAINER_MECHANISMS:
             if name != "async":
                 config.disable(name)
         return config

@@ -1,0 +1,29 @@
+"""The stability mechanisms a run may switch off, by name: the one list that the reference
+trainer's ``--disable``, a suite's ``trainer.disable`` and docs/stability.md all read
+(`tests/test_mechanisms.py` pins the three together)."""
+
+from __future__ import annotations
+
+#: Switched inside the reference trainer (``--disable NAME``), with what each one is.
+TRAINER_MECHANISMS = {
+    "nonfinite_guard": "skip steps whose loss or gradients are not finite (on all ranks)",
+    "loss_scale": "dynamic fp16 loss scaling with hysteresis",
+    "precision_switch": "move blocks near the fp16 limit to fp32",
+    "clipping": "adaptive gradient clipping",
+    "spikes": "loss-spike detectors",
+    "integrity": "checkpoint manifests verified on load, fallback to older checkpoints",
+    "delta": "delta checkpoints between full ones",
+    "async": "background checkpoint persistence",
+    "recovery": "the three-level recovery policy",
+    "dedup": "the streaming duplicate filter",
+    "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
+    "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
+}
+
+#: Switched by how the runner launches the trainer, not inside it.
+LAUNCHER_MECHANISMS = {
+    "restarts": "torchrun restarts the workers after a failure (--max-restarts)",
+}
+
+#: Every name a suite's ``trainer.disable`` may hold.
+MECHANISMS = {**TRAINER_MECHANISMS, **LAUNCHER_MECHANISMS}

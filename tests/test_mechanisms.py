@@ -1,0 +1,48 @@
+"""One list of mechanism names: the trainer's --disable, the suite schema and the docs read
+the same names, and each name switches something off."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.mechanisms import LAUNCHER_MECHANISMS, MECHANISMS, TRAINER_MECHANISMS
+from harness.scenario import TrainerSpec
+from reference_trainer.cli import build_parser
+from reference_trainer.stability import StabilityConfig
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "stability.md"
+
+
+def test_the_trainer_accepts_exactly_the_trainer_mechanisms() -> None:
+    (action,) = [a for a in build_parser()._actions if "--disable" in a.option_strings]
+    assert set(action.choices or ()) == set(TRAINER_MECHANISMS)
+
+
+@pytest.mark.parametrize("name", sorted(TRAINER_MECHANISMS))
+def test_each_name_switches_something_off(name: str) -> None:
+    config = StabilityConfig()
+    before = repr(config)
+    config.disable(name)
+    assert repr(config) != before, f"--disable {name} changed nothing"
+
+
+def test_an_unknown_name_is_refused_by_the_trainer_and_the_suite() -> None:
+    with pytest.raises(KeyError):
+        StabilityConfig().disable("seatbelt")
+    with pytest.raises(ValueError, match="unknown mechanism"):
+        TrainerSpec(disable=["seatbelt"])
+
+
+def test_a_suite_may_name_every_mechanism() -> None:
+    assert TrainerSpec(disable=list(MECHANISMS)).disable == list(MECHANISMS)
+
+
+def test_the_docs_describe_every_mechanism_and_no_other() -> None:
+    text = DOCS.read_text()
+    rows = re.findall(r"^\| `(\w+)` \|", text, flags=re.MULTILINE)
+    assert rows == list(TRAINER_MECHANISMS)
+    for name in LAUNCHER_MECHANISMS:
+        assert f"disable: [{name}]" in text
