@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from faults.injector import Injection, Injector, StepContext
     from faults.plan import FaultPlan
     from faults.registry import build_injector, kinds, parse_fault
-    from faults.spec import FaultSpec
+    from faults.spec import FAULT_CLASSES, FaultClass, FaultSpec
 
 _LAZY = {
     "Injection": "faults.injector",
@@ -28,10 +28,14 @@ _LAZY = {
     "build_injector": "faults.registry",
     "kinds": "faults.registry",
     "parse_fault": "faults.registry",
+    "FAULT_CLASSES": "faults.spec",
+    "FaultClass": "faults.spec",
     "FaultSpec": "faults.spec",
 }
 
 __all__ = [
+    "FAULT_CLASSES",
+    "FaultClass",
     "FaultPlan",
     "FaultSpec",
     "FaultSpecError",

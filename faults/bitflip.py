@@ -21,8 +21,7 @@ from faults.errors import InjectionError
 from faults.gradient import GradientFaultSpec, GradientInjector, no_match
 from faults.injector import Injection, StepContext, matching_parameters, require_model
 from faults.numeric import as_1d_if_scalar, flat_coords, require_optimizer
-from faults.registry import register
-from faults.spec import seeded
+from faults.spec import FaultClass, seeded
 
 BitClass = Literal["sign", "exponent", "mantissa"]
 
@@ -92,7 +91,7 @@ class BitflipSpec(GradientFaultSpec):
     description: ClassVar[str] = (
         "Flip one bit in a few elements of a weight, grad or optimizer state."
     )
-    fault_class: ClassVar[str] = "numeric"
+    fault_class: ClassVar[FaultClass] = "numeric"
 
     target: str = Field(default="*", description="Glob on parameter names; one match is picked.")
     tensor: Literal["weights", "gradients", "optimizer_state"] = Field(
@@ -245,6 +244,3 @@ class BitflipInjector(GradientInjector[BitflipSpec]):
         if spec.tensor == "optimizer_state":
             details["state_key"] = spec.state_key
         return details
-
-
-register(BitflipSpec, BitflipInjector)

@@ -1,10 +1,78 @@
-"""Registers the fault kinds that ship with tightrope."""
+"""The fault kinds that ship with tightrope: one table of (spec, injector), read by
+`faults.registry.kinds`. A new kind is a module of its own plus one line here."""
 
 from __future__ import annotations
 
-import faults.bitflip
-import faults.checkpoint
-import faults.data
-import faults.node
-import faults.numeric
-import faults.process  # noqa: F401
+from typing import Any
+
+from faults.bitflip import BitflipInjector, BitflipSpec
+from faults.checkpoint import (
+    BitflipFileInjector,
+    BitflipFileSpec,
+    DeleteFileInjector,
+    DeleteFileSpec,
+    DeleteManifestInjector,
+    DeleteManifestSpec,
+    StaleLatestInjector,
+    StaleLatestSpec,
+    SwapInjector,
+    SwapSpec,
+    TruncateInjector,
+    TruncateSpec,
+    ZeroPageInjector,
+    ZeroPageSpec,
+)
+from faults.data import DuplicateContaminationInjector, DuplicateContaminationSpec
+from faults.injector import Injector
+from faults.loss_spike import BadBatchInjector, BadBatchSpec, LrSpikeInjector, LrSpikeSpec
+from faults.node import NodeInjector, NodeKillSpec, NodePauseSpec, NodeStopSpec
+from faults.numeric import (
+    ActivationOverflowInjector,
+    ActivationOverflowSpec,
+    GradUnderflowInjector,
+    GradUnderflowSpec,
+    InfGradInjector,
+    InfGradSpec,
+    NanGradInjector,
+    NanGradSpec,
+)
+from faults.process import (
+    HangInjector,
+    HangSpec,
+    KillInjector,
+    KillSpec,
+    PreemptInjector,
+    PreemptSpec,
+)
+from faults.spec import FaultSpec
+
+#: Every built-in kind, in the order `kinds()` gives them (the suite schema's order).
+BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
+    # numeric
+    (NanGradSpec, NanGradInjector),
+    (InfGradSpec, InfGradInjector),
+    (GradUnderflowSpec, GradUnderflowInjector),
+    (ActivationOverflowSpec, ActivationOverflowInjector),
+    # loss spike
+    (LrSpikeSpec, LrSpikeInjector),
+    (BadBatchSpec, BadBatchInjector),
+    # numeric: bit flips
+    (BitflipSpec, BitflipInjector),
+    # checkpoint
+    (BitflipFileSpec, BitflipFileInjector),
+    (TruncateSpec, TruncateInjector),
+    (ZeroPageSpec, ZeroPageInjector),
+    (DeleteFileSpec, DeleteFileInjector),
+    (DeleteManifestSpec, DeleteManifestInjector),
+    (StaleLatestSpec, StaleLatestInjector),
+    (SwapSpec, SwapInjector),
+    # data
+    (DuplicateContaminationSpec, DuplicateContaminationInjector),
+    # process: whole nodes (Docker), then single ranks' processes
+    (NodeKillSpec, NodeInjector),
+    (NodeStopSpec, NodeInjector),
+    (NodePauseSpec, NodeInjector),
+    (KillSpec, KillInjector),
+    (HangSpec, HangInjector),
+    (PreemptSpec, PreemptInjector),
+)

@@ -51,14 +51,13 @@ from faults.checkpoint_files import (
 )
 from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext
-from faults.registry import register
-from faults.spec import FaultSpec, seeded
+from faults.spec import FaultClass, FaultSpec, seeded
 
 
 class CheckpointFaultSpec(FaultSpec):
     """Fields every checkpoint kind shares: where the checkpoints live, which rank acts."""
 
-    fault_class: ClassVar[str] = "checkpoint"
+    fault_class: ClassVar[FaultClass] = "checkpoint"
 
     directory: str | None = Field(
         default=None,
@@ -414,12 +413,3 @@ class StaleLatestInjector(CheckpointInjector[StaleLatestSpec]):
         write_latest(root, target.name)
         details["latest_after"] = target.name
         return [Injection(fault=self.spec.kind, target=str(pointer), details=details)]
-
-
-register(BitflipFileSpec, BitflipFileInjector)
-register(TruncateSpec, TruncateInjector)
-register(ZeroPageSpec, ZeroPageInjector)
-register(DeleteFileSpec, DeleteFileInjector)
-register(DeleteManifestSpec, DeleteManifestInjector)
-register(StaleLatestSpec, StaleLatestInjector)
-register(SwapSpec, SwapInjector)

@@ -12,8 +12,10 @@ Originals come through unchanged, in order, with their own index. Copy number k 
 from 1) has index ``-k`` and says what it is in ``contamination_of`` (the original's index)
 and ``contamination_kind`` ("exact" or "near"), so a test or an analysis can find them.
 
-The spec's trigger fields are required by `FaultSpec` but the stream does not read them:
-it is contaminated from its first document (give ``at_step: 1``).
+The kind's ``reach`` is ``documents``: the agent hands the trainer the injector's
+``wrap_documents`` for the stream it sets up at start. The spec's trigger fields are
+required by `FaultSpec` but the stream does not read them: it is contaminated from its
+first document (give ``at_step: 1``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from faults.injector import Injector
-from faults.registry import register
-from faults.spec import FaultSpec, seeded
+from faults.spec import FaultClass, FaultSpec, Reach, seeded
 
 KIND = "duplicate_contamination"
 _BLOCK = 1024  # slot decisions are drawn this many at a time (one seeded RNG per block)
@@ -42,7 +43,8 @@ class DuplicateContaminationSpec(FaultSpec):
 
     kind: Literal["duplicate_contamination"] = "duplicate_contamination"
     description: ClassVar[str] = "Inject exact and near-duplicate copies of training documents."
-    fault_class: ClassVar[str] = "data"
+    fault_class: ClassVar[FaultClass] = "data"
+    reach: ClassVar[Reach] = "documents"
 
     rate: float = Field(
         ge=0.001, le=0.05, description="Share of yielded documents that are injected copies."
@@ -192,11 +194,8 @@ class ContaminatedStream:
 
 
 class DuplicateContaminationInjector(Injector[DuplicateContaminationSpec]):
-    """Its hooks do nothing: the agent wraps the document stream with `wrap`."""
+    """Its step hooks do nothing: the agent hands the trainer `wrap_documents`."""
 
-    def wrap(self, documents: Iterable[Any]) -> ContaminatedStream:
+    def wrap_documents(self, documents: Iterable[Any]) -> ContaminatedStream:
         """The contaminated stream over ``documents``."""
         return ContaminatedStream(self.spec, documents)
-
-
-register(DuplicateContaminationSpec, DuplicateContaminationInjector)

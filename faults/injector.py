@@ -1,7 +1,8 @@
-"""How a fault acts: an injector with hooks the agent calls at fixed points of a step.
+"""How a fault acts: an injector with hooks, called at fixed points by whoever can reach
+where the fault acts (its spec's ``reach``).
 
-The agent (in harness/) owns the loop position and calls, for every armed fault whose
-spec says it is active at this step on this rank:
+``step`` (most kinds): the agent (in harness/) owns the loop position and calls, for every
+armed fault whose spec says it is active at this step on this rank:
 
     on_batch(ctx, batch)   -> batch     before the forward pass (bad data)
     before_forward(ctx)                 install forward hooks (activation blow-up)
@@ -14,17 +15,24 @@ spec says it is active at this step on this rank:
     on_file_saved(ctx, path)            the trainer saved a file (faults that
                                         `waits_for_save`, from their trigger step on)
 
-Each hook that changes something returns `Injection` records; the agent journals them
-as ``fault_injected`` events. Faults that act outside the loop (files, processes) have
-an ``apply`` of their own and are driven the same way from ``end_step``.
+``documents``: the agent hands the trainer ``wrap_documents`` once, for the document
+stream it sets up at start (every rank reads it alike, so ``ranks`` does not apply).
+
+``node``: the harness, outside the trainer, calls ``on_node`` with the job's nodes
+(a `NodeControl`) when the fault's step or time has come, and ``restore_node`` once
+``restore_after`` seconds have passed.
+
+Each hook that changes something returns `Injection` records; the agent (or the harness)
+journals them as ``fault_injected`` events. Faults that act outside the loop (files,
+processes) have an ``apply`` of their own and are driven the same way from ``end_step``.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +60,9 @@ class StepContext:
     pids: dict[int, int] = field(default_factory=dict)
     #: The trainer's working directory (a ``path`` of a checkpoint fault is relative to it).
     cwd: str | None = None
+    #: Journals records at once: a fault about to signal its own process hands its
+    #: records here first, since the hook that signals may never return.
+    record_now: Callable[[list[Injection]], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +72,19 @@ class Injection:
     fault: str
     target: str
     details: dict[str, Any] = field(default_factory=dict)
+
+
+class NodeControl(Protocol):
+    """The nodes of a job as the harness reaches them from outside (Docker containers)."""
+
+    def fault(self, action: str, node: int, *, timeout: float) -> dict[str, Any]:
+        """Kill, pause or stop ``node`` (``timeout``: seconds a stop waits before SIGKILL);
+        a record of what was done, to journal."""
+        ...
+
+    def restore(self, action: str, node: int) -> None:
+        """Undo ``action`` on ``node``: unpause it, or start it again so that it rejoins."""
+        ...
 
 
 class Injector(Generic[SpecT]):
@@ -109,6 +133,21 @@ class Injector(Generic[SpecT]):
     def on_file_saved(self, ctx: StepContext, path: str) -> list[Injection]:
         """The trainer saved ``path`` (a fault that `waits_for_save` may act on it)."""
         return []
+
+    def wrap_documents(self, documents: Iterable[Any]) -> Iterator[Any]:
+        """The training document stream with the fault in it (reach ``documents``)."""
+        return iter(documents)
+
+    def on_node(self, nodes: NodeControl) -> list[Injection]:
+        """Act on a whole node of the job, from outside the trainer (reach ``node``)."""
+        return []
+
+    def restore_after(self) -> float | None:
+        """Seconds after `on_node` at which the harness calls `restore_node`; None: never."""
+        return None
+
+    def restore_node(self, nodes: NodeControl) -> None:
+        """Undo what `on_node` did: the node runs again, or rejoins the job."""
 
 
 def require_model(ctx: StepContext, kind: str) -> nn.Module:

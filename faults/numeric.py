@@ -1,9 +1,10 @@
-"""Numeric faults: poisoned and vanishing gradients, activation blow-up, lr spikes, bad batches.
+"""Numeric faults: poisoned and vanishing gradients, activation blow-up.
 
 Bit flips live in `faults.bitflip`; how gradient faults reach gradients, in
-`faults.gradient`. Every random choice here draws from a private RNG
-keyed by (seed, kind, step, rank, what), never from the global torch/numpy/python RNGs:
-the trainer's bit-exact resume depends on those being untouched.
+`faults.gradient`; learning-rate spikes and bad batches, in `faults.loss_spike`. Every
+random choice here draws from a private RNG keyed by (seed, kind, step, rank, what), never
+from the global torch/numpy/python RNGs: the trainer's bit-exact resume depends on those
+being untouched.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from faults.injector import (
     matching_modules,
     require_model,
 )
-from faults.registry import register
-from faults.spec import FaultSpec, seeded
+from faults.spec import FaultClass, FaultSpec, seeded
 
-# -- helpers shared with faults.bitflip ---------------------------------------------------
+# -- helpers shared with faults.bitflip and faults.loss_spike ------------------------------
 
 
 def torch_generator(seed: int, *parts: object) -> torch.Generator:
@@ -84,7 +84,7 @@ class NanGradSpec(_PoisonGradSpec):
 
     kind: Literal["nan_grad"] = "nan_grad"
     description: ClassVar[str] = "Set a share of the matching gradients' elements to NaN."
-    fault_class: ClassVar[str] = "numeric"
+    fault_class: ClassVar[FaultClass] = "numeric"
 
 
 class InfGradSpec(_PoisonGradSpec):
@@ -92,7 +92,7 @@ class InfGradSpec(_PoisonGradSpec):
 
     kind: Literal["inf_grad"] = "inf_grad"
     description: ClassVar[str] = "Set a share of the matching gradients' elements to +inf."
-    fault_class: ClassVar[str] = "numeric"
+    fault_class: ClassVar[FaultClass] = "numeric"
 
 
 class _PoisonGradInjector(GradientInjector[_PoisonGradSpec]):
@@ -139,7 +139,7 @@ class GradUnderflowSpec(GradientFaultSpec):
 
     kind: Literal["grad_underflow"] = "grad_underflow"
     description: ClassVar[str] = "Multiply the matching gradients by a tiny factor (underflow)."
-    fault_class: ClassVar[str] = "numeric"
+    fault_class: ClassVar[FaultClass] = "numeric"
 
     factor: float = Field(
         default=1e-30, gt=0, lt=1, allow_inf_nan=False, description="Scale, 0 < factor < 1."
@@ -181,7 +181,7 @@ class ActivationOverflowSpec(FaultSpec):
 
     kind: Literal["activation_overflow"] = "activation_overflow"
     description: ClassVar[str] = "Multiply the matching modules' outputs by a large factor."
-    fault_class: ClassVar[str] = "numeric"
+    fault_class: ClassVar[FaultClass] = "numeric"
 
     target: str = Field(description="Glob on module names, e.g. 'blocks.1.mlp'.")
     factor: float = Field(
@@ -238,125 +238,3 @@ class ActivationOverflowInjector(Injector[ActivationOverflowSpec]):
             )
 
         return hook
-
-
-# -- lr_spike ------------------------------------------------------------------------------
-
-
-class LrSpikeSpec(FaultSpec):
-    """Multiply the learning rate for one optimizer step."""
-
-    kind: Literal["lr_spike"] = "lr_spike"
-    description: ClassVar[str] = "Multiply every param group's lr by a factor for the step."
-    fault_class: ClassVar[str] = "numeric"
-
-    factor: float = Field(
-        default=100.0, gt=1, allow_inf_nan=False, description="Multiplier of the lr, > 1."
-    )
-
-
-class LrSpikeInjector(Injector[LrSpikeSpec]):
-    """Raises the lr just before ``optimizer.step`` and puts the originals back after it."""
-
-    def __init__(self, spec: LrSpikeSpec) -> None:
-        super().__init__(spec)
-        self._saved: list[Any] = []
-        self._optimizer: torch.optim.Optimizer | None = None
-
-    def before_optimizer_step(self, ctx: StepContext) -> list[Injection]:
-        """Spike the lr of every param group."""
-        optimizer = require_optimizer(ctx, self.spec.kind)
-        self._restore()  # never compound two spikes
-        self._optimizer = optimizer
-        self._saved = [group["lr"] for group in optimizer.param_groups]
-        for group in optimizer.param_groups:
-            # A new object rather than in-place: a tensor lr must come back untouched.
-            group["lr"] = group["lr"] * self.spec.factor
-        details = {
-            "lr_before": [float(lr) for lr in self._saved],
-            "lr_during": [float(group["lr"]) for group in optimizer.param_groups],
-            "factor": self.spec.factor,
-        }
-        return [Injection(fault=self.spec.kind, target="optimizer", details=details)]
-
-    def after_optimizer_step(self, ctx: StepContext) -> list[Injection]:
-        """Put the original lr objects back, exactly."""
-        self._restore()
-        return []
-
-    def end_step(self, ctx: StepContext) -> list[Injection]:
-        """Restore here too, in case the step ended without ``after_optimizer_step``."""
-        self._restore()
-        return []
-
-    def _restore(self) -> None:
-        if self._optimizer is not None:
-            for group, lr in zip(self._optimizer.param_groups, self._saved, strict=True):
-                group["lr"] = lr
-        self._optimizer, self._saved = None, []
-
-
-# -- bad_batch -----------------------------------------------------------------------------
-
-
-class BadBatchSpec(FaultSpec):
-    """Replace rows of the batch by uniform random tokens."""
-
-    kind: Literal["bad_batch"] = "bad_batch"
-    description: ClassVar[str] = "Replace a share of the batch's sequences by random token ids."
-    fault_class: ClassVar[str] = "numeric"
-
-    fraction: float = Field(
-        default=1.0,
-        gt=0,
-        le=1,
-        allow_inf_nan=False,
-        description="Share of the rows (sequences) replaced (ceil, at least 1).",
-    )
-    vocab_size: int | None = Field(
-        default=None,
-        ge=1,
-        description="Token ids drawn from [0, vocab_size); default: the model's first "
-        "nn.Embedding size, else the batch's max + 1.",
-    )
-
-
-class BadBatchInjector(Injector[BadBatchSpec]):
-    """Returns a copy of the batch with seeded rows replaced; the caller's tensor is kept."""
-
-    def on_batch(
-        self, ctx: StepContext, batch: torch.Tensor
-    ) -> tuple[torch.Tensor, list[Injection]]:
-        """A row is one sequence: the last dim holds tokens, leading dims are flattened."""
-        spec = self.spec
-        if batch.dtype.is_floating_point or batch.dtype.is_complex or batch.dtype == torch.bool:
-            raise InjectionError(f"bad_batch needs a batch of token ids, got {batch.dtype}")
-        if batch.numel() == 0:
-            raise InjectionError(f"bad_batch got an empty batch of shape {tuple(batch.shape)}")
-        vocab = self._vocab(ctx, batch)
-        rows = batch.reshape(-1, batch.shape[-1]) if batch.dim() else batch.reshape(1, 1)
-        n = rows.shape[0]
-        gen = torch_generator(spec.seed, spec.kind, ctx.step, ctx.rank, "rows")
-        chosen = torch.randperm(n, generator=gen)[: share(spec.fraction, n)].sort().values
-        tokens = torch.randint(0, vocab, (len(chosen), rows.shape[1]), generator=gen)
-        out = rows.clone()  # also a copy when reshape returned a view of the caller's batch
-        out[chosen.to(out.device)] = tokens.to(device=out.device, dtype=out.dtype)
-        details = {"rows": chosen.tolist(), "vocab_size": vocab, "of_rows": n}
-        return out.view(batch.shape), [Injection(fault=spec.kind, target="batch", details=details)]
-
-    def _vocab(self, ctx: StepContext, batch: torch.Tensor) -> int:
-        if self.spec.vocab_size is not None:
-            return self.spec.vocab_size
-        if ctx.model is not None:
-            for module in ctx.model.modules():
-                if isinstance(module, nn.Embedding):
-                    return module.num_embeddings
-        return max(1, int(batch.max()) + 1)
-
-
-register(NanGradSpec, NanGradInjector)
-register(InfGradSpec, InfGradInjector)
-register(GradUnderflowSpec, GradUnderflowInjector)
-register(ActivationOverflowSpec, ActivationOverflowInjector)
-register(LrSpikeSpec, LrSpikeInjector)
-register(BadBatchSpec, BadBatchInjector)

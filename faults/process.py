@@ -10,8 +10,9 @@ time first, so it never signals a recycled pid.
 Targets are ranks, mapped to pids through ``StepContext.pids`` (the calling rank falls
 back to its own pid). Every pid is checked before any signal is sent. When the caller is
 itself a target it is signalled last, and the records are first handed to
-``before_signal`` (the agent journals and flushes them there), since a caller that is
-killed or stopped never sees ``apply`` return.
+``before_signal`` (from ``end_step``: the step context's ``record_now``, where the agent
+journals and flushes them), since a caller that is killed or stopped never sees ``apply``
+return.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from pydantic import Field
 
 from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext
-from faults.registry import register
-from faults.spec import FaultSpec
+from faults.spec import FaultClass, FaultSpec
 
 # Sleeps, then sends a signal unless the process is gone, a zombie, or a different process
 # under the same pid (start time differs). argv: pid, start time, seconds, signal, poll.
@@ -95,7 +95,7 @@ def signal_later(pid: int, sig: int, delay: float, *, poll: bool) -> int:
 class ProcessFaultSpec(FaultSpec):
     """Fields every process kind shares (only the common ones)."""
 
-    fault_class: ClassVar[str] = "process"
+    fault_class: ClassVar[FaultClass] = "process"
 
 
 class KillSpec(ProcessFaultSpec):
@@ -133,11 +133,6 @@ class SignalInjector(Injector[P]):
 
     sends: ClassVar[signal.Signals]
 
-    def __init__(self, spec: P) -> None:
-        super().__init__(spec)
-        #: Receives the records before the caller signals itself (it may not return).
-        self.before_signal: Callable[[list[Injection]], None] | None = None
-
     def end_step(self, ctx: StepContext) -> list[Injection]:
         """Signal this rank's own process when it is a target.
 
@@ -148,13 +143,19 @@ class SignalInjector(Injector[P]):
             return []
         pids = dict(ctx.pids)
         pids.setdefault(ctx.rank, os.getpid())
-        return self.apply(pids, [ctx.rank])
+        return self.apply(pids, [ctx.rank], before_signal=ctx.record_now)
 
-    def apply(self, pids: Mapping[int, int], ranks: Iterable[int]) -> list[Injection]:
+    def apply(
+        self,
+        pids: Mapping[int, int],
+        ranks: Iterable[int],
+        *,
+        before_signal: Callable[[list[Injection]], None] | None = None,
+    ) -> list[Injection]:
         """Signal the processes of ``ranks``; nothing is sent unless every one exists.
 
         Returns the records; but when the caller is a target and ``before_signal`` is
-        set, they go to ``before_signal`` just before the caller signals itself instead.
+        given, they go to ``before_signal`` just before the caller signals itself instead.
         """
         me = os.getpid()
         targets = sorted((pid == me, rank, pid) for rank, pid in self._pids(pids, ranks))
@@ -163,8 +164,8 @@ class SignalInjector(Injector[P]):
         for is_me, rank, pid in targets:
             details = {"rank": rank, "pid": pid, "signal": self.sends.name} | self._prepare(pid)
             records.append(Injection(fault=self.spec.kind, target=f"rank {rank}", details=details))
-            if is_me and self.before_signal is not None:
-                self.before_signal(list(records))
+            if is_me and before_signal is not None:
+                before_signal(list(records))
                 handed = True
             try:
                 os.kill(pid, self.sends)
@@ -223,8 +224,3 @@ class PreemptInjector(SignalInjector[PreemptSpec]):
     def _prepare(self, pid: int) -> dict[str, Any]:
         helper = signal_later(pid, signal.SIGKILL, self.spec.grace_seconds, poll=True)
         return {"grace_seconds": self.spec.grace_seconds, "helper_pid": helper}
-
-
-register(KillSpec, KillInjector)
-register(HangSpec, HangInjector)
-register(PreemptSpec, PreemptInjector)

@@ -1,7 +1,13 @@
-"""Every fault kind by name: its spec class and injector class."""
+"""Every fault kind by name: its spec class and injector class.
+
+The kinds are the table `faults.builtin.BUILTIN_KINDS`, read on first use rather than at
+import: importing the registry (as `faults.plan` does) loads none of the kinds' modules
+until something asks for a kind.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,29 +27,24 @@ class FaultKind:
     injector: type[Injector[Any]]
 
 
-_REGISTRY: dict[str, FaultKind] = {}
-
-
-def register(spec: type[FaultSpec], injector: type[Injector[Any]]) -> None:
-    """Add a kind; its name is the default of the spec's ``kind`` field."""
-    name = spec.model_fields["kind"].default
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{spec.__name__}.kind needs a default naming the kind")
-    if name in _REGISTRY and _REGISTRY[name].spec is not spec:
-        raise TypeError(f"fault kind {name!r} is registered twice")
-    _REGISTRY[name] = FaultKind(name, spec, injector)
-
-
 def kinds() -> dict[str, FaultKind]:
-    """All registered kinds by name, built-in ones loaded."""
-    _load_builtins()
-    return dict(_REGISTRY)
+    """All kinds by name."""
+    return dict(_kinds())
 
 
-def _load_builtins() -> None:
-    # Imported for their register() calls; here rather than at the top so that a module
-    # defining a kind can import this one.
-    import faults.builtin  # noqa: F401
+@functools.cache
+def _kinds() -> dict[str, FaultKind]:
+    from faults.builtin import BUILTIN_KINDS
+
+    table: dict[str, FaultKind] = {}
+    for spec, injector in BUILTIN_KINDS:
+        name = spec.model_fields["kind"].default
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{spec.__name__}.kind needs a default naming the kind")
+        if name in table:
+            raise TypeError(f"fault kind {name!r} is in the table twice")
+        table[name] = FaultKind(name, spec, injector)
+    return table
 
 
 def parse_fault(data: Any, where: str = "fault") -> FaultSpec:

@@ -8,14 +8,32 @@ Steps are counted as the journal counts them: the first training step is step 1.
 
 Every decision is a pure function of the spec and its ``seed`` (never of a global RNG),
 so every rank of a job, and every rerun, takes the same decision.
+
+Each kind also declares, as class attributes, what the harness needs to know of it
+without running it: its `FaultClass` (what it is scored under), its `Reach` (where it
+acts, so which injector hooks drive it) and the triggers it honours.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+#: The classes faults are scored under (scenario scores and scorecards group by them).
+FaultClass = Literal["numeric", "loss_spike", "checkpoint", "process", "data"]
+FAULT_CLASSES: tuple[FaultClass, ...] = get_args(FaultClass)
+
+#: Where a fault acts, and so which hooks of its injector (`faults.injector`) drive it:
+#: ``step``, the agent's hooks inside each training step; ``documents``, the document
+#: stream the trainer sets up at start (`Injector.wrap_documents`); ``node``, a whole node,
+#: which the harness reaches from outside the trainer (`Injector.on_node`).
+Reach = Literal["step", "documents", "node"]
+
+#: The fields that say when a fault fires.
+Trigger = Literal["at_step", "every", "probability", "after_seconds"]
+TRIGGERS: tuple[Trigger, ...] = get_args(Trigger)
 
 
 def seeded(seed: int, *parts: object) -> random.Random:
@@ -30,8 +48,12 @@ class FaultSpec(BaseModel):
 
     #: One-line description, shown by ``tightrope faults``.
     description: ClassVar[str] = ""
-    #: Class of fault: numeric, checkpoint, process or data.
-    fault_class: ClassVar[str] = ""
+    #: The class the kind is scored under (every kind declares one).
+    fault_class: ClassVar[FaultClass]
+    #: Where the kind acts.
+    reach: ClassVar[Reach] = "step"
+    #: The triggers the kind honours; validation refuses the others, naming the field.
+    triggers: ClassVar[tuple[Trigger, ...]] = TRIGGERS
 
     kind: str
     at_step: int | None = Field(
@@ -52,6 +74,16 @@ class FaultSpec(BaseModel):
         default_factory=list, description="Ranks `random` never picks (for example rank 0)."
     )
     seed: int = Field(default=0, description="Seed of every random choice this fault makes.")
+
+    @field_validator(*TRIGGERS)
+    @classmethod
+    def _honoured(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.field_name not in cls.triggers:
+            kind = cls.model_fields["kind"].default
+            raise ValueError(
+                f"{kind} honours {' or '.join(cls.triggers)} only, not {info.field_name}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_trigger(self) -> FaultSpec:
@@ -97,6 +129,10 @@ class FaultSpec(BaseModel):
                 return frozenset()
             return frozenset({seeded(self.seed, "rank").choice(pool)})
         return frozenset(r for r in self.ranks if r < world_size)
+
+    def target_node(self) -> int | None:
+        """The node a kind whose `reach` is ``node`` hits; None for every other kind."""
+        return None
 
     def summary(self) -> dict[str, Any]:
         """The spec as a plain dict without defaults, for journals and listings."""

@@ -130,6 +130,8 @@ class Agent:
             run_dir=str(self.run_dir),
             pids=dict(self.pids),
             cwd=os.getcwd(),
+            # Process faults that signal this very process journal before they act.
+            record_now=self._record,
         )
 
     def _is_active(self, index: int, spec: FaultSpec, step: int) -> bool:
@@ -255,18 +257,18 @@ class Agent:
         self._active = []
 
     def document_wrapper(self) -> Callable[[Iterator[Any]], Any] | None:
-        """A wrapper for the training document stream when the plan contaminates it.
+        """A wrapper for the training document stream when the plan has a fault that acts on
+        it (reach ``documents``): that injector's `wrap_documents`.
 
-        Data faults act on the stream every rank reads alike, so they ignore ``ranks``.
+        Such faults act on the stream every rank reads alike, so they ignore ``ranks``.
         """
-        from faults.data import ContaminatedStream, DuplicateContaminationSpec
-
-        specs = [s for s in self.plan if isinstance(s, DuplicateContaminationSpec)]
-        if not specs:
+        found = [(spec, inj) for spec, inj in self._injectors if spec.reach == "documents"]
+        if not found:
             return None
-        if len(specs) > 1:
-            raise FaultSpecError("a plan may hold one duplicate_contamination fault, not several")
-        return lambda documents: ContaminatedStream(specs[0], documents)
+        if len(found) > 1:
+            names = " and ".join(sorted({spec.kind for spec, _ in found}))
+            raise FaultSpecError(f"a plan may hold one {names} fault, not several")
+        return found[0][1].wrap_documents
 
     # -- claims and lifecycle ----------------------------------------------------------
 
@@ -312,9 +314,6 @@ class Agent:
     def _run(self, hook: Callable[[Injector[Any], StepContext], list[Injection]]) -> None:
         for injector in self._active:
             self._current = self._index[id(injector)]
-            # Process faults that signal this very process journal before they act.
-            if hasattr(injector, "before_signal"):
-                injector.before_signal = self._record
             self._record(hook(injector, self.context()))
         self._current = None
 

@@ -12,8 +12,9 @@ from typing import Any, NoReturn
 import yaml
 from pydantic_core import PydanticUndefined
 
-from faults import FaultSpec, kinds
+from faults import FAULT_CLASSES, FaultSpec, kinds
 from faults.registry import FaultKind
+from faults.spec import TRIGGERS
 from harness import __version__
 from harness.cli_suite import add_commands as add_suite_commands
 from harness.control import ControlError, send, wait_for_answer
@@ -156,7 +157,7 @@ def _faults(args: argparse.Namespace) -> int:
     by_class: dict[str, list[FaultKind]] = {}
     for kind in kinds().values():
         by_class.setdefault(kind.spec.fault_class, []).append(kind)
-    for fault_class in ("numeric", "checkpoint", "process", "data"):
+    for fault_class in FAULT_CLASSES:
         print(f"\n{fault_class}")
         for kind in sorted(by_class.get(fault_class, []), key=lambda k: k.name):
             print(f"  {kind.name:<24} {kind.spec.description}")
@@ -167,6 +168,8 @@ def _faults(args: argparse.Namespace) -> int:
             ]
             if own:
                 print(f"  {'':<24} {' '.join(own)}")
+            if kind.spec.triggers != TRIGGERS:
+                print(f"  {'':<24} when: {' or '.join(kind.spec.triggers)} only")
     return 0
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from faults import FaultSpecError, parse_fault
+from faults.spec import Reach
 from harness.errors import TightropeError
 
 CONTROL_DIR = "control"
@@ -43,9 +44,12 @@ SEEN_FILE = "seen"
 COMMAND_EXPIRY_SECONDS = 300.0
 #: The largest command file the job reads.
 MAX_COMMAND_BYTES = 64 * 1024
-#: Fault classes a live command cannot deliver: a document stream fixed at start, and node
-#: faults the suite runner applies to containers from outside.
-UNDELIVERABLE = {"data": "acts on the document stream the trainer set up at start"}
+#: Where a fault may act that a live command cannot reach (the spec's ``reach``): a
+#: document stream fixed at start, and nodes the suite runner acts on from outside.
+UNDELIVERABLE: dict[Reach, str] = {
+    "documents": "acts on the document stream the trainer set up at start",
+    "node": "acts on a Docker node's container, which only the suite runner can reach",
+}
 
 
 class ControlError(TightropeError):
@@ -115,9 +119,7 @@ def validate_fault(fault: Mapping[str, Any], where: str = "command") -> dict[str
             f"{', '.join(sorted(triggers))}"
         )
     spec = parse_fault({**fault, "at_step": 1}, where)
-    why = UNDELIVERABLE.get(spec.fault_class)
-    if why is None and getattr(spec, "node", None) is not None:
-        why = "acts on a Docker node's container, which only the suite runner can reach"
+    why = UNDELIVERABLE.get(spec.reach)
     if why is not None:
         raise FaultSpecError(f"{where}: {spec.kind} cannot be injected live: it {why}")
     return dict(fault)

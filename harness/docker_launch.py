@@ -4,9 +4,11 @@ The nodes meet through c10d rendezvous on a store hosted by a small process of t
 harness, outside every node, so losing any node never takes the rendezvous with it.
 With ``min_nodes`` below ``nodes`` the job is elastic (``--nnodes MIN:MAX``): after a node
 is lost the others go on without it, and a node that comes back (``rejoin_after``) is
-admitted at the next rendezvous. Node faults (`faults.node`) are applied here, from
-outside the containers, when the run reaches their step (or time), and journaled as
-``fault_injected`` events. Each node's output goes into the run's ``trainer.log``.
+admitted at the next rendezvous. Faults whose reach is ``node`` (`faults.node`) are
+applied here, from outside the containers, when the run reaches their step (or time):
+their injector's `on_node` acts through `_Nodes` (a `faults.injector.NodeControl`) and
+its records are journaled as ``fault_injected`` events. Each node's output goes into the
+run's ``trainer.log``.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from faults.node import LosingNodeSpec, NodeFaultSpec, NodePauseSpec, NodeStopSpec
+from faults import FaultSpec, Injector, build_injector
 from harness.journal import JournalWriter
 from harness.launch import Launch, LaunchError, reference_command
 from harness.progress import StepFollower
@@ -48,7 +50,9 @@ def _free_port() -> int:
 class _Pending:
     """A node fault not yet applied, or an undo (rejoin, unpause) not yet due."""
 
-    spec: NodeFaultSpec
+    spec: FaultSpec
+    injector: Injector[Any]
+    node: int
     fired_at: float | None = None
     undone: bool = False
 
@@ -106,7 +110,11 @@ def run_on_docker(
     )
     began = time.monotonic()
     state = _Cluster(scenario, run_dir, plan, f"{run_dir.name}-{port}", f"127.0.0.1:{port}")
-    state.pending = [_Pending(f) for f in scenario.faults if isinstance(f, NodeFaultSpec)]
+    state.pending = [
+        _Pending(f, build_injector(f), node)
+        for f in scenario.faults
+        if f.reach == "node" and (node := f.target_node()) is not None
+    ]
     state.followers = [StepFollower(journal_path(run_dir, r)) for r in range(spec.world_size)]
     exit_codes: dict[int, int | None] = {}
     timed_out = False
@@ -128,7 +136,9 @@ def run_on_docker(
                 _drive_faults(state, cluster, argv, env)
                 statuses = {n: cluster.status(n) for n in range(spec.nodes)}
                 if all(s.state in ("exited", "dead") for s in statuses.values()) and not any(
-                    p.fired_at is not None and not p.undone and _undo_due(p) is not None
+                    p.fired_at is not None
+                    and not p.undone
+                    and p.injector.restore_after() is not None
                     for p in state.pending
                 ):
                     exit_codes = {n: s.exit_code for n, s in statuses.items()}
@@ -148,24 +158,46 @@ def run_on_docker(
     return Launch(code, timed_out, time.monotonic() - began)
 
 
-def _undo_due(p: _Pending) -> float | None:
-    """Seconds after firing at which the fault is undone (rejoin, unpause); None: never."""
-    spec = p.spec
-    if isinstance(spec, LosingNodeSpec):
-        return spec.rejoin_after
-    if isinstance(spec, NodePauseSpec):
-        return spec.resume_after
-    return None
+class _Nodes:
+    """The run's node containers as node faults act on them (a `faults.injector.NodeControl`)."""
+
+    def __init__(
+        self, state: _Cluster, cluster: DockerCluster, argv: list[str], env: dict[str, str]
+    ) -> None:
+        self.state, self.cluster, self.argv, self.env = state, cluster, argv, env
+
+    def fault(self, action: str, node: int, *, timeout: float) -> dict[str, Any]:
+        """Kill, stop or pause the node's container; a killed or stopped node is lost."""
+        from harness.docker_faults import node_fault
+
+        record = node_fault(self.cluster, action, node, timeout=timeout)  # type: ignore[arg-type]
+        if action in ("kill", "stop"):
+            self.state.lost.add(node)
+        return record
+
+    def restore(self, action: str, node: int) -> None:
+        """Unpause a paused node; start a lost one again, which then rejoins."""
+        state = self.state
+        if action == "pause":
+            self.cluster.unpause(node)
+            return
+        # torchrun tells nodes apart by address and pid, and pid 1 is the same in every
+        # container: a node that comes back takes an address of its own, or the rendezvous
+        # could take it for the one that died.
+        state.incarnations[node] = state.incarnations.get(node, 0) + 1
+        address = f"127.0.{state.incarnations[node]}.{node + 1}"
+        self.cluster.start(node, self.argv, self.env | {"PET_LOCAL_ADDR": address}, state.run_dir)
+        state.lost.discard(node)
 
 
 def _drive_faults(
     state: _Cluster, cluster: DockerCluster, argv: list[str], env: dict[str, str]
 ) -> None:
     """Apply the node faults whose step or time has come; undo those whose time is up."""
-    from harness.docker_faults import node_fault
-
+    nodes = _Nodes(state, cluster, argv, env)
     step = state.step()
     now = time.monotonic()
+    trainer = state.scenario.trainer
     for p in state.pending:
         spec = p.spec
         if p.fired_at is None:
@@ -173,31 +205,24 @@ def _drive_faults(
             due = by_time or (spec.at_step is not None and step >= spec.at_step)
             if not due:
                 continue
-            grace = spec.grace_seconds if isinstance(spec, NodeStopSpec) else 10.0
-            record = node_fault(cluster, spec.action, spec.node, timeout=grace)  # type: ignore[arg-type]
+            records = p.injector.on_node(nodes)
             p.fired_at = now
-            if spec.action in ("kill", "stop"):
-                state.lost.add(spec.node)
-            rank = spec.node * (state.scenario.trainer.world_size // state.scenario.trainer.nodes)
+            rank = p.node * (trainer.world_size // trainer.nodes)
             # Written as the node's first rank; the harness cannot know the attempt the
             # trainer is in, so it records attempt 0.
             with JournalWriter(state.run_dir, rank, restart=0) as journal:
-                journal.emit(
-                    "fault_injected",
-                    step,
-                    fault=spec.kind,
-                    target=f"node {spec.node}",
-                    details=dict(record),
-                )
-        elif not p.undone and (delay := _undo_due(p)) is not None and now - p.fired_at >= delay:
+                for record in records:
+                    journal.emit(
+                        "fault_injected",
+                        step,
+                        fault=record.fault,
+                        target=record.target,
+                        details=dict(record.details),
+                    )
+        elif (
+            not p.undone
+            and (delay := p.injector.restore_after()) is not None
+            and now - p.fired_at >= delay
+        ):
             p.undone = True
-            if spec.action == "pause":
-                cluster.unpause(spec.node)
-            else:
-                # torchrun tells nodes apart by address and pid, and pid 1 is the same in
-                # every container: a node that comes back takes an address of its own, or
-                # the rendezvous could take it for the one that died.
-                state.incarnations[spec.node] = state.incarnations.get(spec.node, 0) + 1
-                address = f"127.0.{state.incarnations[spec.node]}.{spec.node + 1}"
-                cluster.start(spec.node, argv, env | {"PET_LOCAL_ADDR": address}, state.run_dir)
-                state.lost.discard(spec.node)
+            p.injector.restore_node(nodes)

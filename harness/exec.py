@@ -34,9 +34,10 @@ BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 
 
 def check_plan(plan: FaultPlan) -> FaultPlan:
-    """``plan``, unless it holds a fault an attached trainer cannot meet (a data fault)."""
+    """``plan``, unless it holds a fault an attached trainer cannot meet (one that acts on
+    the document stream)."""
     for i, spec in enumerate(plan):
-        if spec.fault_class == "data":
+        if spec.reach == "documents":
             raise FaultSpecError(
                 f"plan.faults[{i}]: {spec.kind} acts on the reference trainer's document "
                 "stream; an attached trainer has none (see docs/attach.md)"

@@ -23,6 +23,7 @@ from pydantic import (
 from faults import FaultPlan, FaultSpec
 from faults.errors import FaultSpecError
 from faults.registry import parse_fault
+from faults.spec import FaultClass
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
 #: mechanism on, and the same trainer with all of them off (the negative control).
@@ -45,9 +46,6 @@ MECHANISMS = (
     "preemption",
     "restarts",
 )
-#: Fault classes a scenario is scored under (``lr_spike`` and ``bad_batch`` are loss spikes).
-FAULT_CLASSES = ("numeric", "loss_spike", "checkpoint", "process", "data")
-_LOSS_SPIKE_KINDS = frozenset({"lr_spike", "bad_batch"})
 
 
 class _Model(BaseModel):
@@ -248,7 +246,7 @@ class Scenario(_Model):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=80)
     description: str = ""
-    fault_class: Literal["numeric", "loss_spike", "checkpoint", "process", "data"] | None = Field(
+    fault_class: FaultClass | None = Field(
         default=None, alias="class", description="Scored under; from the faults if omitted."
     )
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
@@ -302,7 +300,7 @@ class Scenario(_Model):
 
     def _check_node(self, i: int, fault: FaultSpec) -> None:
         """A node fault must name a node the (Docker) trainer has."""
-        node = getattr(fault, "node", None)
+        node = fault.target_node()
         if node is None:
             return
         trainer = self.trainer
@@ -324,10 +322,7 @@ class Scenario(_Model):
             return self.fault_class
         if not self.faults:
             return "none"
-        first = self.faults[0]
-        if first.kind in _LOSS_SPIKE_KINDS:
-            return "loss_spike"
-        return type(first).fault_class or "other"
+        return self.faults[0].fault_class
 
     def plan(self) -> dict[str, Any]:
         """The fault plan the trainer receives (`faults.FaultPlan.from_dict` reads it)."""

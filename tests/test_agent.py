@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
-from faults import FaultPlan
+from faults import FaultPlan, FaultSpecError
+from faults.data import ContaminatedStream
 from harness.agent import Agent
 from harness.journal import read_journal
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _agent(run_dir: Path, faults: list[dict[str, object]]) -> tuple[Agent, torch.nn.Linear]:
@@ -74,6 +83,66 @@ def test_bad_batch_injections_carry_their_plan_index(tmp_path: Path) -> None:
     agent.close("completed")
     (event,) = read_journal(tmp_path).of_kind("fault_injected")
     assert event.step == 2 and event["details"]["plan_index"] == 0
+
+
+@dataclass(frozen=True)
+class Doc:
+    index: int
+    source: str
+    text: str
+
+
+def test_a_document_stream_fault_wraps_the_stream_through_its_injector(tmp_path: Path) -> None:
+    fault = {"kind": "duplicate_contamination", "at_step": 1, "rate": 0.05, "ranks": [1]}
+    agent, _ = _agent(tmp_path, [{"kind": "nan_grad", "at_step": 3}, fault])
+    wrap = agent.document_wrapper()
+    assert wrap is not None  # on rank 0 too: the stream is every rank's
+    docs = [Doc(i, "web", f"document number {i} says something") for i in range(400)]
+    stream = wrap(iter(docs))
+    assert isinstance(stream, ContaminatedStream)
+    assert [d.text for d in stream] == [d.text for d in ContaminatedStream(stream.spec, docs)]
+    agent.close("completed")
+
+
+def test_no_stream_fault_no_wrapper_and_two_are_refused(tmp_path: Path) -> None:
+    plain, _ = _agent(tmp_path / "a", [{"kind": "nan_grad", "at_step": 3}])
+    assert plain.document_wrapper() is None
+    fault = {"kind": "duplicate_contamination", "at_step": 1, "rate": 0.05}
+    two, _ = _agent(tmp_path / "b", [fault, fault])
+    with pytest.raises(FaultSpecError, match="one duplicate_contamination fault, not several"):
+        two.document_wrapper()
+
+
+SELF_KILL = """
+import sys
+from faults import FaultPlan
+from harness.agent import Agent
+plan = FaultPlan.from_dict({"faults": [{"kind": "kill", "at_step": 2}]})
+agent = Agent(sys.argv[1], plan=plan, control=False)
+agent.start(0)
+for step in (1, 2, 3):
+    agent.begin_step(step)
+    agent.observe_step(loss=1.0)
+    agent.end_step()
+print("survived")
+"""
+
+
+def test_a_fault_that_kills_its_own_process_is_journaled_first(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", SELF_KILL, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert "survived" not in proc.stdout
+    (event,) = read_journal(tmp_path).of_kind("fault_injected")
+    assert (event.step, event["fault"], event["details"]["plan_index"]) == (2, "kill", 0)
+    assert (event["details"]["rank"], event["details"]["signal"]) == (0, "SIGKILL")
 
 
 def test_params_finite_tells_nan_and_inf_from_huge_finite_weights() -> None:

@@ -175,8 +175,9 @@ def test_spec_validation_and_registration() -> None:
             parse_fault(fault, "plan.faults[0]")
 
 
-def test_injector_hooks_do_nothing_and_wrap_builds_the_stream(docs: list[Document]) -> None:
+def test_step_hooks_do_nothing_and_wrap_documents_builds_the_stream(docs: list[Document]) -> None:
     injector = DuplicateContaminationInjector(spec(rate=0.05))
+    assert injector.spec.reach == "documents"
     assert injector.end_step(StepContext(step=1, rank=0, world_size=1)) == []
-    out = list(itertools.islice(injector.wrap(docs), 100))
+    out = list(itertools.islice(injector.wrap_documents(docs), 100))
     assert out == list(itertools.islice(ContaminatedStream(injector.spec, iter(docs)), 100))

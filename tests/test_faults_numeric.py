@@ -20,15 +20,8 @@ from faults.injector import Injection, Injector
 from faults.numeric import share
 
 VOCAB, D = 32, 16
-NUMERIC = [
-    "nan_grad",
-    "inf_grad",
-    "bitflip",
-    "activation_overflow",
-    "grad_underflow",
-    "lr_spike",
-    "bad_batch",
-]
+NUMERIC = ["nan_grad", "inf_grad", "bitflip", "activation_overflow", "grad_underflow"]
+LOSS_SPIKE = ["lr_spike", "bad_batch"]
 
 
 class Attn(nn.Module):
@@ -558,7 +551,7 @@ def global_rngs() -> tuple[Any, ...]:
     )
 
 
-@pytest.mark.parametrize("kind", NUMERIC)
+@pytest.mark.parametrize("kind", NUMERIC + LOSS_SPIKE)
 def test_injectors_leave_global_rngs_untouched(kind: str) -> None:
     torch.manual_seed(123)
     np.random.seed(123)
@@ -603,11 +596,12 @@ def test_specs_parse_with_defaults() -> None:
     assert parse_fault({"kind": "lr_spike", "at_step": 1}).factor == 100.0  # type: ignore[attr-defined]
 
 
-def test_every_numeric_kind_is_registered_with_a_description() -> None:
+def test_every_numeric_and_loss_spike_kind_is_registered_with_a_description() -> None:
     table = kinds()
-    for kind in NUMERIC:
+    for kind in NUMERIC + LOSS_SPIKE:
         spec = table[kind].spec
-        assert spec.description and spec.fault_class == "numeric"
+        assert spec.description
+        assert spec.fault_class == ("loss_spike" if kind in LOSS_SPIKE else "numeric")
         schema = spec.model_json_schema()
         assert all("description" in p for n, p in schema["properties"].items() if n != "kind")
 

@@ -158,8 +158,7 @@ def journal(records):
     with open(sys.argv[1], "w") as f:
         json.dump([r.details for r in records], f)
         f.flush()
-injector.before_signal = journal
-injector.apply({1: other.pid, 0: os.getpid()}, [0, 1])
+injector.apply({1: other.pid, 0: os.getpid()}, [0, 1], before_signal=journal)
 print("survived")
 """
 
