@@ -24,28 +24,13 @@ from faults import FaultPlan, FaultSpec
 from faults.errors import FaultSpecError
 from faults.registry import parse_fault
 from faults.spec import FaultClass
+from harness.mechanisms import MECHANISMS
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
 #: mechanism on, and the same trainer with all of them off (the negative control).
 TRAINER_PRESETS = ("reference", "fragile")
 #: Model sizes of the reference trainer.
 MODELS = ("tiny", "small")
-#: Stability mechanisms of the reference trainer that ``disable`` may name.
-MECHANISMS = (
-    "nonfinite_guard",
-    "loss_scale",
-    "precision_switch",
-    "clipping",
-    "spikes",
-    "integrity",
-    "delta",
-    "async",
-    "recovery",
-    "dedup",
-    "watchdog",
-    "preemption",
-    "restarts",
-)
 
 
 class _Model(BaseModel):
