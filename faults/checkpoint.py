@@ -7,8 +7,9 @@ The layout is the reference trainer's (a foreign trainer with the same shape pas
     ROOT/latest          the text "step-00000040\\n"
     ROOT/.step-N.tmp/    a save in progress: never a target
 
-ROOT is ``RUN_DIR/checkpoints`` unless ``directory`` names another folder (a relative one
-is taken relative to RUN_DIR). ``checkpoint`` picks the victim: ``latest`` (the folder
+ROOT is the run's checkpoint folder, which the harness passes in the step context
+(``RUN_DIR/checkpoints``), unless ``directory`` names another folder (a relative one is
+taken relative to RUN_DIR). ``checkpoint`` picks the victim: ``latest`` (the folder
 ``latest`` names; without that file, the newest ``step-*`` folder), ``previous`` (the
 newest checkpoint older than latest) or an explicit name such as ``step-00000040``.
 
@@ -17,7 +18,7 @@ A trainer with files of its own (``snapshot.pt``, ``ckpt/epoch-3.pt``) is reache
 the fault waits, from its trigger step on, for the trainer to save a matching file (as
 the agent observes saves) and damages that file when the next step begins.
 
-Every injector has ``apply(run_dir)`` for direct use; ``end_step`` calls it, and the agent
+Every injector has ``apply(run_dir, cwd, checkpoints)`` for direct use; ``end_step`` calls it, and the agent
 calls ``end_step`` after the step's checkpoint save. Every target is checked before the
 first byte is written, so an `InjectionError` leaves the tree as it was. Writes are real:
 opened ``r+b``, written, flushed and fsynced.
@@ -118,14 +119,21 @@ class CheckpointFileSpec(CheckpointFaultSpec):
         return self
 
 
-def checkpoints_root(spec: CheckpointFaultSpec, run_dir: str | Path | None) -> Path:
-    """The folder holding the checkpoints, which must exist."""
+def checkpoints_root(
+    spec: CheckpointFaultSpec, run_dir: str | Path | None, checkpoints: str | Path | None
+) -> Path:
+    """The folder holding the checkpoints, which must exist: ``directory`` when the spec
+    names one, else the run's checkpoint folder as the harness passed it."""
     if spec.directory is not None and Path(spec.directory).is_absolute():
         root = Path(spec.directory)
     elif run_dir is None:
         raise InjectionError(f"{spec.kind} needs the run directory; attach the agent with one")
+    elif spec.directory is not None:
+        root = Path(run_dir) / spec.directory
+    elif checkpoints is None:
+        raise InjectionError(f"{spec.kind} needs the run's checkpoint folder; none was given")
     else:
-        root = Path(run_dir) / (spec.directory or "checkpoints")
+        root = Path(checkpoints)
     if not root.is_dir():
         raise InjectionError(f"checkpoint directory {root} does not exist")
     if run_dir is not None:
@@ -144,12 +152,17 @@ class CheckpointInjector(Injector[S]):
         """Damage the checkpoint the step's save left behind."""
         if self.waits_for_save():
             return []
-        return self.apply(ctx.run_dir, ctx.cwd)
+        return self.apply(ctx.run_dir, ctx.cwd, ctx.checkpoints)
 
-    def apply(self, run_dir: str | Path | None, cwd: str | None = None) -> list[Injection]:
-        """Damage the checkpoints of the run in ``run_dir`` (or the trainer's own files under
-        ``cwd``); one record per file touched."""
-        return self._damage(checkpoints_root(self.spec, run_dir))
+    def apply(
+        self,
+        run_dir: str | Path | None,
+        cwd: str | None = None,
+        checkpoints: str | Path | None = None,
+    ) -> list[Injection]:
+        """Damage the checkpoints in ``checkpoints`` (the run's checkpoint folder) of the run
+        in ``run_dir``, or the trainer's own files under ``cwd``; one record per file."""
+        return self._damage(checkpoints_root(self.spec, run_dir, checkpoints))
 
     def _damage(self, root: Path) -> list[Injection]:
         raise NotImplementedError
@@ -172,10 +185,15 @@ class FileInjector(CheckpointInjector[F]):
         inside = saved.is_relative_to(root) and saved.relative_to(root).match(self.spec.path)
         return self._damage_files(root, root, [saved]) if inside and saved.is_file() else []
 
-    def apply(self, run_dir: str | Path | None, cwd: str | None = None) -> list[Injection]:
+    def apply(
+        self,
+        run_dir: str | Path | None,
+        cwd: str | None = None,
+        checkpoints: str | Path | None = None,
+    ) -> list[Injection]:
         """Damage the matching files: of one checkpoint, or the trainer's own (``path``)."""
         if self.spec.path is None:
-            return super().apply(run_dir, cwd)
+            return super().apply(run_dir, cwd, checkpoints)
         root = Path(cwd or os.getcwd())
         files = sorted(p for p in root.glob(self.spec.path) if p.is_file())
         if not files:

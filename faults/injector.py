@@ -56,6 +56,8 @@ class StepContext:
     model: nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
     run_dir: str | None = None
+    #: The run's checkpoint folder (the harness knows the run directory's layout).
+    checkpoints: str | None = None
     #: Process ids the job registered, by rank (for process faults).
     pids: dict[int, int] = field(default_factory=dict)
     #: The trainer's working directory (a ``path`` of a checkpoint fault is relative to it).

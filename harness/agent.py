@@ -52,8 +52,9 @@ from faults import (
 )
 from harness.control import ArmedBoard, ControlChannel, register_pid
 from harness.hooks import Inert
-from harness.journal import Event, JournalWriter, journal_path, read_journal_file
+from harness.journal import Event, JournalWriter, read_journal_file
 from harness.process_group import broadcast_text
+from harness.run_layout import RunLayout
 from harness.step_evidence import params_finite
 
 #: Seconds between two looks at the live-control inbox (rank 0): a command waits at most
@@ -84,7 +85,7 @@ class Agent:
         self.model = model
         self.optimizer = optimizer
         self.check_params_every = check_params_every
-        previous = journal_path(self.run_dir, rank)
+        previous = RunLayout(self.run_dir).journal_file(rank)
         earlier = _quietly_read(previous) if previous.exists() else []
         self.journal = JournalWriter(self.run_dir, rank=rank, restart=restart)
         self.step = 0
@@ -128,6 +129,7 @@ class Agent:
             model=self.model,
             optimizer=self.optimizer,
             run_dir=str(self.run_dir),
+            checkpoints=str(RunLayout(self.run_dir).checkpoints),
             pids=dict(self.pids),
             cwd=os.getcwd(),
             # Process faults that signal this very process journal before they act.

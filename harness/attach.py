@@ -34,7 +34,7 @@ from harness.hooks import (
     remove_backward_listener,
     strip_hooks,
 )
-from harness.journal import journal_path
+from harness.run_layout import RunLayout
 from harness.step_evidence import GradMark, ParamSample, params_finite
 from harness.trainer_shape import (
     B,
@@ -107,7 +107,7 @@ class AttachedAgent:
     @property
     def journal(self) -> Path:
         """This rank's journal file."""
-        return journal_path(self.agent.run_dir, self.agent.rank)
+        return RunLayout(self.agent.run_dir).journal_file(self.agent.rank)
 
     def wrap_batches(self, batches: Iterable[B]) -> Iterator[B]:
         """Yield ``batches``, each opening its step and passing bad-data faults (see

@@ -23,16 +23,15 @@ from pathlib import Path
 
 from harness.errors import TightropeError
 from harness.launch import (
-    LOG_FILE,
     custom_command,
     reference_command,
     run_process,
     trainer_cwd,
     trainer_env,
 )
+from harness.run_layout import RunLayout
 from harness.scenario import TrainerSpec
 
-DONE_FILE = "baseline.json"
 _PACKAGES = ("harness", "faults", "reference_trainer")
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -96,7 +95,7 @@ def baseline_run(
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(run_dir.parent / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if use_cache and (run_dir / DONE_FILE).is_file():
+            if use_cache and RunLayout(run_dir).baseline_done.is_file():
                 return run_dir
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
@@ -107,7 +106,7 @@ def baseline_run(
             )
             launch = run_process(
                 argv,
-                log=run_dir / LOG_FILE,
+                log=RunLayout(run_dir).log,
                 deadline=time.monotonic() + spec.timeout,
                 env=trainer_env(spec),
                 on_poll=(lambda: on_poll(run_dir)) if on_poll else None,
@@ -122,8 +121,10 @@ def baseline_run(
                     if launch.timed_out
                     else f"exited with code {launch.exit_code}"
                 )
-                raise BaselineError(f"the fault-free baseline run {how}; see {run_dir / LOG_FILE}")
-            (run_dir / DONE_FILE).write_text(
+                raise BaselineError(
+                    f"the fault-free baseline run {how}; see {RunLayout(run_dir).log}"
+                )
+            RunLayout(run_dir).baseline_done.write_text(
                 json.dumps({"key": key, "trainer": spec.identity(), "seconds": launch.seconds})
             )
     return run_dir

@@ -35,8 +35,8 @@ from typing import Any
 from faults import FaultSpecError, parse_fault
 from faults.spec import Reach
 from harness.errors import TightropeError
+from harness.run_layout import RunLayout
 
-CONTROL_DIR = "control"
 SECRET_FILE = "secret"
 #: Ids of every command the job took, one a line: a signed command is taken once.
 SEEN_FILE = "seen"
@@ -56,11 +56,6 @@ class ControlError(TightropeError):
     """A command could not be sent or answered."""
 
 
-def control_dir(run_dir: str | os.PathLike[str]) -> Path:
-    """The control folder of a run."""
-    return Path(run_dir) / CONTROL_DIR
-
-
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -73,7 +68,7 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 def ensure_secret(run_dir: str | os.PathLike[str]) -> bytes:
     """The run's key, created with mode 0600 on first use."""
-    folder = control_dir(run_dir)
+    folder = RunLayout(run_dir).control
     for sub in ("inbox", "acks", "pids", "armed"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
@@ -89,7 +84,7 @@ def ensure_secret(run_dir: str | os.PathLike[str]) -> bytes:
 
 def read_secret(run_dir: str | os.PathLike[str]) -> bytes:
     """The run's key; refuses a missing key or one that others can read."""
-    path = control_dir(run_dir) / SECRET_FILE
+    path = RunLayout(run_dir).control / SECRET_FILE
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
         key = path.read_text().strip()
@@ -144,7 +139,7 @@ def send(run_dir: str | os.PathLike[str], fault: Mapping[str, Any], in_steps: in
     command_id = f"c{int(time.time())}-{secrets.token_hex(4)}"
     body["id"] = command_id
     message = {"command": body, "mac": _mac(key, body)}
-    _write_atomic(control_dir(run_dir) / "inbox" / f"{command_id}.json", json.dumps(message))
+    _write_atomic(RunLayout(run_dir).control / "inbox" / f"{command_id}.json", json.dumps(message))
     return Command(command_id, checked, in_steps)
 
 
@@ -153,14 +148,14 @@ def wait_for_answer(
 ) -> dict[str, Any] | None:
     """The job's answer to a command, or None when none came within ``timeout`` (the
     unread command is then withdrawn so it cannot fire later by surprise)."""
-    ack = control_dir(run_dir) / "acks" / f"{command_id}.json"
+    ack = RunLayout(run_dir).control / "acks" / f"{command_id}.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ack.exists():
             answer: dict[str, Any] = json.loads(ack.read_text())
             return answer
         time.sleep(0.05)
-    (control_dir(run_dir) / "inbox" / f"{command_id}.json").unlink(missing_ok=True)
+    (RunLayout(run_dir).control / "inbox" / f"{command_id}.json").unlink(missing_ok=True)
     return None
 
 
@@ -178,7 +173,7 @@ class ControlChannel:
     """The job's side (rank 0): reads, authenticates and answers commands."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.folder = control_dir(run_dir)
+        self.folder = RunLayout(run_dir).control
         self.key = ensure_secret(run_dir)
         self._seen = FolderWatch(self.folder / "inbox")
 
@@ -299,7 +294,7 @@ class ArmedBoard:
     """Every rank's view of ``armed/``: the commands of this attempt not taken yet."""
 
     def __init__(self, run_dir: str | os.PathLike[str], attempt: int) -> None:
-        self.folder = control_dir(run_dir) / "armed"
+        self.folder = RunLayout(run_dir).control / "armed"
         self.attempt = attempt
         self._taken: set[str] = set()
         self._watch = FolderWatch(self.folder)
@@ -324,14 +319,14 @@ class ArmedBoard:
 
 def register_pid(run_dir: str | os.PathLike[str], rank: int, pid: int) -> None:
     """Record the process id of one rank (process faults act on it)."""
-    folder = control_dir(run_dir) / "pids"
+    folder = RunLayout(run_dir).control / "pids"
     folder.mkdir(parents=True, exist_ok=True)
     _write_atomic(folder / f"rank-{rank}", str(pid))
 
 
 def registered_pids(run_dir: str | os.PathLike[str]) -> dict[int, int]:
     """Process ids by rank, as the job registered them."""
-    folder = control_dir(run_dir) / "pids"
+    folder = RunLayout(run_dir).control / "pids"
     pids = {}
     for path in folder.glob("rank-*") if folder.is_dir() else []:
         try:

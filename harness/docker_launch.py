@@ -26,6 +26,7 @@ from faults import FaultSpec, Injector, build_injector
 from harness.journal import JournalWriter
 from harness.launch import Launch, LaunchError, reference_command
 from harness.progress import StepFollower
+from harness.run_layout import RunLayout
 from harness.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -98,7 +99,6 @@ def run_on_docker(
 ) -> Launch:
     """Run the scenario's trainer on Docker nodes until every node is done or the deadline."""
     from harness.docker_nodes import DockerCluster
-    from harness.journal import journal_path
 
     spec = scenario.trainer
     port = _free_port()
@@ -115,7 +115,9 @@ def run_on_docker(
         for f in scenario.faults
         if f.reach == "node" and (node := f.target_node()) is not None
     ]
-    state.followers = [StepFollower(journal_path(run_dir, r)) for r in range(spec.world_size)]
+    state.followers = [
+        StepFollower(RunLayout(run_dir).journal_file(r)) for r in range(spec.world_size)
+    ]
     exit_codes: dict[int, int | None] = {}
     timed_out = False
     try:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from faults import FaultPlan, FaultSpecError
 from harness.errors import TightropeError
-from harness.journal import JOURNAL_DIR
 from harness.process_tree import kill_tree
+from harness.run_layout import RunLayout
 
 ENV_RUN_DIR = "TIGHTROPE_RUN_DIR"
 ENV_PLAN = "TIGHTROPE_PLAN"
@@ -75,7 +75,7 @@ def check(command: Sequence[str], run_dir: Path, plan: Path | None) -> list[str]
         check_plan(FaultPlan.from_yaml(plan))  # a FaultSpecError names the file and field
     if run_dir.exists() and not run_dir.is_dir():
         raise ExecError(f"--run-dir {run_dir} exists and is not a directory")
-    if (run_dir / JOURNAL_DIR).exists():
+    if RunLayout(run_dir).journal.exists():
         raise ExecError(
             f"--run-dir {run_dir} already holds a journal (another run's); choose another"
         )

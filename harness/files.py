@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 import torch
 
-from harness.journal import JOURNAL_DIR, read_journal_file
+from harness.journal import read_journal_file
+from harness.run_layout import RunLayout
 
 #: Bytes read at a time while hashing.
 _CHUNK = 1 << 20
@@ -268,7 +269,7 @@ class SaveMatch:
 
 def read_saves(run_dir: Path) -> list[SavedFile]:
     """Every ``file_saved`` in the run's journals."""
-    folder = run_dir / JOURNAL_DIR
+    folder = RunLayout(run_dir).journal
     saves = []
     for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
         for event in read_journal_file(path, warn=False):

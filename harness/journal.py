@@ -26,8 +26,8 @@ from typing import Any, overload
 
 from harness.errors import JournalError
 from harness.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION, field_spec
+from harness.run_layout import RunLayout
 
-JOURNAL_DIR = "journal"
 _FILE_PATTERN = re.compile(r"rank-(\d+)\.jsonl")
 #: How a non-finite float is written, and read back.
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -35,11 +35,6 @@ NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 class TornLineWarning(UserWarning):
     """A journal line could not be parsed (a writer was killed mid-line); it was skipped."""
-
-
-def journal_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    """Where rank ``rank`` of the run in ``run_dir`` writes its journal."""
-    return Path(run_dir) / JOURNAL_DIR / f"rank-{rank}.jsonl"
 
 
 def json_safe(value: Any) -> Any:
@@ -57,7 +52,7 @@ class JournalWriter:
     """Appends events for one rank; safe to share between threads of that rank."""
 
     def __init__(self, run_dir: str | os.PathLike[str], rank: int = 0, restart: int = 0) -> None:
-        self.path = journal_path(run_dir, rank)
+        self.path = RunLayout(run_dir).journal_file(rank)
         self.rank = rank
         self.restart = restart
         self._lock = threading.Lock()
@@ -277,7 +272,7 @@ def read_journal(run_dir: str | os.PathLike[str], *, warn: bool = True) -> Journ
     `TornLineWarning` (pass ``warn=False`` where a killed rank's torn tail is expected: no
     process-wide warning filter needs changing).
     """
-    folder = Path(run_dir) / JOURNAL_DIR
+    folder = RunLayout(run_dir).journal
     if not folder.is_dir():
         raise JournalError(f"no journal in {run_dir}: {folder} does not exist")
     files = sorted(

@@ -26,8 +26,6 @@ from harness.mechanisms import LAUNCHER_MECHANISMS
 from harness.process_tree import MARK, kill_marked, kill_tree
 from harness.scenario import TrainerSpec
 
-LOG_FILE = "trainer.log"
-PLAN_FILE = "plan.yaml"
 _TAIL_LINES = 40
 
 

@@ -22,7 +22,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from harness.journal import journal_path
+from harness.run_layout import RunLayout
 
 
 class StepFollower:
@@ -93,7 +93,7 @@ class SuiteProgress:
         with self._lock:
             follower = self._followers.get(task)
             if follower is None or follower.path.parent.parent != run_dir:
-                follower = self._followers[task] = StepFollower(journal_path(run_dir, 0))
+                follower = self._followers[task] = StepFollower(RunLayout(run_dir).journal_file(0))
             self._progress.update(task, completed=follower.poll())
 
     def finish(self, task: TaskID, line: str) -> None:

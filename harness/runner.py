@@ -26,10 +26,8 @@ from rich.markup import escape
 from harness import __version__
 from harness.baseline import BaselineError, baseline_key, baseline_run, default_cache_dir
 from harness.errors import JournalError, TightropeError
-from harness.journal import JOURNAL_DIR, Journal, read_journal
+from harness.journal import Journal, read_journal
 from harness.launch import (
-    LOG_FILE,
-    PLAN_FILE,
     Launch,
     check_command,
     custom_command,
@@ -42,6 +40,7 @@ from harness.launch import (
 from harness.oracles import judge
 from harness.progress import SuiteProgress
 from harness.results import ScenarioResult, SuiteResult
+from harness.run_layout import RunLayout
 from harness.scenario import Scenario, Suite, TrainerSpec
 from harness.verdict import Evidence
 
@@ -112,7 +111,7 @@ def _launch_faulted(
     """The faulted run: one launch, or a stop and a resume when the scenario asks."""
     spec = scenario.trainer
     deadline = time.monotonic() + spec.timeout
-    log, env = run_dir / LOG_FILE, trainer_env(spec)
+    log, env = RunLayout(run_dir).log, trainer_env(spec)
     if spec.command is not None:
         argv = custom_command(spec, run_dir, plan)
         cwd = trainer_cwd(spec, run_dir)
@@ -187,19 +186,20 @@ def keep_baseline(cached: Path, out_dir: Path) -> Path:
     made aside and renamed into place, so the folder is whole or absent, even after a kill.
     """
     kept = out_dir / "baselines" / cached.name
-    if (kept / LOG_FILE).is_file():  # renamed into place whole
+    if RunLayout(kept).log.is_file():  # renamed into place whole
         return kept
     kept.parent.mkdir(parents=True, exist_ok=True)
     # flock, not a threading.Lock: each open() is its own lock holder, thread or process.
     with open(kept.parent / f".{cached.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (kept / LOG_FILE).is_file():  # another caller copied it while we waited
+        if RunLayout(kept).log.is_file():  # another caller copied it while we waited
             return kept
         shutil.rmtree(kept, ignore_errors=True)  # a half copy made before copies were atomic
         partial = kept.with_name(f".{cached.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(cached / JOURNAL_DIR, partial / JOURNAL_DIR)
-        shutil.copy2(cached / LOG_FILE, partial / LOG_FILE)
+        source, copy = RunLayout(cached), RunLayout(partial)
+        shutil.copytree(source.journal, copy.journal)
+        shutil.copy2(source.log, copy.log)
         partial.rename(kept)
     return kept
 
@@ -239,7 +239,7 @@ class Runner:
             run_dir = out / result.run_dir
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
-            plan = run_dir / PLAN_FILE
+            plan = RunLayout(run_dir).plan
             plan.write_text(yaml.safe_dump(scenario.plan(), sort_keys=False))
             if self.options.stop.is_set():
                 result.error = INTERRUPTED
@@ -249,7 +249,7 @@ class Runner:
             # (the reference trainer refuses an empty --fault-plan).
             given = plan if scenario.faults else None
             launch = _launch_faulted(scenario, run_dir, given, lambda: poll(run_dir), stop)
-            result.log_tail = log_tail(run_dir / LOG_FILE)
+            result.log_tail = log_tail(RunLayout(run_dir).log)
             result.exit_code = launch.exit_code
             try:
                 journal = _read(run_dir)
@@ -306,7 +306,7 @@ class Runner:
         return _read(kept)
 
     def _log_of(self, spec: TrainerSpec) -> Path:
-        return self.options.cache_dir / "baselines" / baseline_key(spec) / LOG_FILE
+        return RunLayout(self.options.cache_dir / "baselines" / baseline_key(spec)).log
 
 
 def target_steps(spec: TrainerSpec, baseline: Journal | None) -> int:

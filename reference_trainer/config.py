@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harness.run_layout import RunLayout
 from reference_trainer.corpus import SOURCE_NAMES
 from reference_trainer.errors import ConfigError
 from reference_trainer.model import GPTConfig
@@ -18,7 +19,6 @@ from reference_trainer.stability import StabilityConfig
 T = TypeVar("T")
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-CONFIG_FILE = "config.json"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -144,12 +144,12 @@ class TrainConfig:
 
     def save(self, run_dir: Path) -> None:
         """Write the configuration to ``run_dir/config.json``."""
-        (run_dir / CONFIG_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        RunLayout(run_dir).config.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, run_dir: Path) -> TrainConfig:
         """Read ``run_dir/config.json``."""
-        path = run_dir / CONFIG_FILE
+        path = RunLayout(run_dir).config
         try:
             return cls.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError) as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.journal import JournalWriter
-from reference_trainer.watchdog import heartbeat_path
+from harness.run_layout import RunLayout
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -56,7 +56,7 @@ def behind(beats: dict[int, dict[str, Any]], now: float) -> list[int]:
 
 def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> int:
     """Watch one rank until it exits (0) or hangs (killed; 1)."""
-    own = heartbeat_path(run_dir, rank)
+    own = RunLayout(run_dir).heartbeat_file(rank)
     while True:
         time.sleep(poll)
         beat = _read(own)
@@ -69,7 +69,7 @@ def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> i
         beats = {
             r: b
             for r in range(world_size)
-            if (b := _read(heartbeat_path(run_dir, r))) is not None
+            if (b := _read(RunLayout(run_dir).heartbeat_file(r))) is not None
             and b.get("restart") == beat.get("restart")
         }
         lost = behind(beats, now)

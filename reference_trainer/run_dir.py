@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.journal import JOURNAL_DIR, read_journal
+from harness.journal import read_journal
+from harness.run_layout import RunLayout
 from reference_trainer.checkpoint import checkpoint_root, complete_checkpoints, read_run_id
 from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
-from reference_trainer.config import CONFIG_FILE
 from reference_trainer.errors import CheckpointError, RunDirError
 
 
@@ -15,7 +15,8 @@ def check_fresh(run_dir: Path) -> None:
     """A fresh run must not land on top of another run's checkpoints or journal."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} exists and is not a directory")
-    taken = [p.name for p in (checkpoint_root(run_dir), run_dir / JOURNAL_DIR) if p.exists()]
+    layout = RunLayout(run_dir)
+    taken = [p.name for p in (layout.checkpoints, layout.journal) if p.exists()]
     if not taken:
         return
     if not complete_checkpoints(run_dir):
@@ -34,8 +35,9 @@ def check_run(run_dir: Path) -> None:
     """``--resume`` needs a run: the directory and the configuration it was started with."""
     if not run_dir.is_dir():
         raise RunDirError(f"--resume: run dir {run_dir} does not exist")
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise RunDirError(f"--resume: {run_dir} holds no run to resume (no {CONFIG_FILE})")
+    config = RunLayout(run_dir).config
+    if not config.is_file():
+        raise RunDirError(f"--resume: {run_dir} holds no run to resume (no {config.name})")
 
 
 def check_resumable(run_dir: Path, *, integrity: bool = True) -> Path | None:

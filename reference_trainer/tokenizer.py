@@ -9,10 +9,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from harness.run_layout import RunLayout
 from reference_trainer.errors import RunDirError
 
 EOT = "<|endoftext|>"
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
@@ -38,7 +38,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 def save_tokenizer(tokenizer: Tokenizer, run_dir: Path) -> Path:
     """Write ``run_dir/tokenizer.json`` atomically (a reader never sees half a file)."""
-    path = run_dir / TOKENIZER_FILE
+    path = RunLayout(run_dir).tokenizer
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tokenizer.save(str(tmp))
     os.replace(tmp, path)
@@ -47,7 +47,7 @@ def save_tokenizer(tokenizer: Tokenizer, run_dir: Path) -> Path:
 
 def load_tokenizer(run_dir: Path, vocab_size: int) -> Tokenizer:
     """Read the run's tokenizer and check it is the size the model expects."""
-    path = run_dir / TOKENIZER_FILE
+    path = RunLayout(run_dir).tokenizer
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises plain Exception on bad files

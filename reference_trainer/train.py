@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from faults import FaultPlan
 from harness.agent import Agent
+from harness.run_layout import RunLayout
 from reference_trainer import checkpoint as ckpt
 from reference_trainer import distributed
 from reference_trainer.checkpointing import CheckpointManager
@@ -38,8 +39,6 @@ from reference_trainer.step import Trainer
 from reference_trainer.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from reference_trainer.watchdog import Heartbeat
 
-DIAGNOSIS_FILE = "diagnosis.md"
-
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
@@ -58,7 +57,7 @@ def _seed_everything(seed: int) -> None:
 
 
 def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) -> Any:
-    if topo.is_main and not (run_dir / "tokenizer.json").exists():
+    if topo.is_main and not RunLayout(run_dir).tokenizer.exists():
         texts = (corpus.document(i).text for i in range(cfg.data.tokenizer_docs))
         save_tokenizer(train_tokenizer(texts, cfg.model.vocab_size), run_dir)
     distributed.barrier(topo)
@@ -298,7 +297,12 @@ class Run:
                 agent.end_step()
                 self._beat(step)
                 if resumed is None:
-                    return step, loss, "failed", f"recovery exhausted: see {DIAGNOSIS_FILE}"
+                    return (
+                        step,
+                        loss,
+                        "failed",
+                        f"recovery exhausted: see {RunLayout(self.run_dir).diagnosis.name}",
+                    )
                 step = resumed + 1
                 continue
             if failure is None:
@@ -426,7 +430,7 @@ class Run:
 
     def _give_up(self, decision: Decision) -> None:
         if self.topo.is_main:
-            (self.run_dir / DIAGNOSIS_FILE).write_text(self.policy.diagnosis())
+            RunLayout(self.run_dir).diagnosis.write_text(self.policy.diagnosis())
         self.agent.claim(
             "detected",
             detector="recovery_exhausted",
@@ -435,7 +439,7 @@ class Run:
         _print(
             self.topo,
             f"recovery exhausted at step {decision.failure.step}; "
-            f"diagnosis in {self.run_dir / DIAGNOSIS_FILE}",
+            f"diagnosis in {RunLayout(self.run_dir).diagnosis}",
         )
 
     def _banner(self, start: int, last: int) -> str:

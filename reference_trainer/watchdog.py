@@ -25,7 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-HEARTBEAT_DIR = "heartbeats"
+from harness.run_layout import RunLayout
+
 WARMUP_STEPS = 3
 
 
@@ -57,11 +58,6 @@ class WatchdogConfig:
             raise ValueError("stability.watchdog.min_timeout must not exceed initial_timeout")
 
 
-def heartbeat_path(run_dir: Path, rank: int) -> Path:
-    """Where rank ``rank`` writes its heartbeat."""
-    return run_dir / HEARTBEAT_DIR / f"rank-{rank}.json"
-
-
 class Heartbeat:
     """The rank side: learn the timeout from step times, write the heartbeat, own the monitor."""
 
@@ -69,7 +65,7 @@ class Heartbeat:
         self, config: WatchdogConfig, run_dir: Path, rank: int, restart: int, world_size: int
     ) -> None:
         self.config = config
-        self.path = heartbeat_path(run_dir, rank)
+        self.path = RunLayout(run_dir).heartbeat_file(rank)
         self.run_dir, self.rank, self.restart, self.world_size = run_dir, rank, restart, world_size
         self._intervals: deque[float] = deque(maxlen=config.window)
         self._last: float | None = None

@@ -19,7 +19,6 @@ from harness.agent import Agent
 from harness.control import (
     ControlChannel,
     ControlError,
-    control_dir,
     ensure_secret,
     read_secret,
     registered_pids,
@@ -27,13 +26,14 @@ from harness.control import (
     wait_for_answer,
 )
 from harness.journal import read_journal
+from harness.run_layout import RunLayout
 
 from .conftest import ROOT
 
 
 def test_the_secret_is_private_and_reused(tmp_path: Path) -> None:
     key = ensure_secret(tmp_path)
-    path = control_dir(tmp_path) / "secret"
+    path = RunLayout(tmp_path).control / "secret"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(key) == 64
     assert ensure_secret(tmp_path) == key
     os.chmod(path, 0o644)
@@ -66,13 +66,13 @@ def test_bad_commands_are_refused_before_sending(
     ensure_secret(tmp_path)
     with pytest.raises(FaultSpecError, match=message):
         send(tmp_path, fault)
-    assert not list((control_dir(tmp_path) / "inbox").iterdir())
+    assert not list((RunLayout(tmp_path).control / "inbox").iterdir())
 
 
 def test_forged_and_tampered_commands_are_rejected(tmp_path: Path) -> None:
     channel = ControlChannel(tmp_path)
     good = send(tmp_path, {"kind": "nan_grad"})
-    inbox = control_dir(tmp_path) / "inbox"
+    inbox = RunLayout(tmp_path).control / "inbox"
     message = json.loads((inbox / f"{good.id}.json").read_text())
     message["command"]["fault"]["fraction"] = 0.5  # changed after signing
     (inbox / f"{good.id}.json").write_text(json.dumps(message))
@@ -88,7 +88,7 @@ def test_an_unanswered_command_is_withdrawn(tmp_path: Path) -> None:
     ensure_secret(tmp_path)
     command = send(tmp_path, {"kind": "nan_grad"})
     assert wait_for_answer(tmp_path, command.id, timeout=0.2) is None
-    assert not (control_dir(tmp_path) / "inbox" / f"{command.id}.json").exists()
+    assert not (RunLayout(tmp_path).control / "inbox" / f"{command.id}.json").exists()
 
 
 def test_the_agent_arms_a_command_for_the_asked_step(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_live_injection_into_a_running_two_rank_job(tmp_path: Path) -> None:
 
 def test_a_replayed_or_stale_command_is_refused(tmp_path: Path) -> None:
     channel = ControlChannel(tmp_path)
-    inbox = control_dir(tmp_path) / "inbox"
+    inbox = RunLayout(tmp_path).control / "inbox"
     sent = send(tmp_path, {"kind": "nan_grad"})
     copy = (inbox / f"{sent.id}.json").read_text()
     [first] = channel.poll()
@@ -181,7 +181,7 @@ def test_a_replayed_or_stale_command_is_refused(tmp_path: Path) -> None:
 
 def test_nothing_in_the_inbox_ends_the_job(tmp_path: Path) -> None:
     channel = ControlChannel(tmp_path)
-    inbox = control_dir(tmp_path) / "inbox"
+    inbox = RunLayout(tmp_path).control / "inbox"
     (inbox / "folder.json").mkdir()
     (inbox / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (inbox / "big.json").write_bytes(b" " * 200_000)
@@ -201,4 +201,4 @@ def test_inject_parameters_that_are_no_yaml_scalar_are_one_line_errors(
     code = tightrope(["inject", str(tmp_path), "nan_grad", "fraction=!!python/object:os.system"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "tightrope: error:" in err[0]
-    assert not list((control_dir(tmp_path) / "inbox").iterdir())
+    assert not list((RunLayout(tmp_path).control / "inbox").iterdir())

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.docker_errors import DockerError, DockerSdkMissing, DockerUnavailable
-from harness.journal import journal_path, read_journal
+from harness.journal import read_journal
+from harness.run_layout import RunLayout
 
 try:
     from harness.docker_faults import node_fault
@@ -137,7 +138,9 @@ def test_two_node_containers_train_together_through_torchrun(
         cluster.start(node, argv, {"OMP_NUM_THREADS": "1"}, run_dir)
     for node in (0, 1):
         assert cluster.wait(node, timeout=180) == 0, cluster.logs(node)
-    assert journal_path(run_dir, 0).exists() and journal_path(run_dir, 1).exists()
+    assert (
+        RunLayout(run_dir).journal_file(0).exists() and RunLayout(run_dir).journal_file(1).exists()
+    )
     journal = read_journal(run_dir)
     for rank in (0, 1):
         assert sorted(journal.steps(rank)) == [1, 2, 3, 4, 5, 6]

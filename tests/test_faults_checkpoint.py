@@ -26,10 +26,17 @@ from faults.checkpoint import (
     ZeroPageSpec,
 )
 from faults.errors import FaultSpecError, InjectionError
-from faults.injector import StepContext
+from faults.injector import Injection, StepContext
 from faults.registry import build_injector, kinds, parse_fault
+from harness.run_layout import RunLayout
 
 STEPS = (10, 20, 30)
+
+
+def damage(injector: Any, run_dir: Path) -> list[Injection]:
+    """Apply a checkpoint fault to the run in ``run_dir`` as the agent does: with the run's
+    checkpoint folder."""
+    return list(injector.apply(run_dir, checkpoints=RunLayout(run_dir).checkpoints))
 
 
 def make_run(run_dir: Path, steps: tuple[int, ...] = STEPS, root: str = "checkpoints") -> Path:
@@ -72,7 +79,7 @@ def changed(before: dict[str, bytes | None], after: dict[str, bytes | None]) -> 
 
 def test_bitflip_flips_exactly_one_bit_at_the_recorded_offset(run: Path) -> None:
     before = snapshot(run)
-    [rec] = BitflipFileInjector(BitflipFileSpec(at_step=1, seed=3)).apply(run)
+    [rec] = damage(BitflipFileInjector(BitflipFileSpec(at_step=1, seed=3)), run)
     after = snapshot(run)
     name = "checkpoints/step-00000030/state.pt"
     assert changed(before, after) == {name}
@@ -88,7 +95,7 @@ def test_bitflip_flips_exactly_one_bit_at_the_recorded_offset(run: Path) -> None
 def test_bitflip_explicit_offset_bit_and_glob(run: Path) -> None:
     spec = BitflipFileSpec(at_step=1, checkpoint="previous", file="rng-*.pt", offset=7, bit=5)
     before = snapshot(run)
-    records = BitflipFileInjector(spec).apply(run)
+    records = damage(BitflipFileInjector(spec), run)
     after = snapshot(run)
     files = {f"checkpoints/step-00000020/rng-rank-{r}.pt" for r in (0, 1)}
     assert changed(before, after) == files and len(records) == 2
@@ -102,7 +109,7 @@ def test_bitflip_explicit_offset_bit_and_glob(run: Path) -> None:
 def test_bitflip_is_deterministic_per_seed(tmp_path: Path) -> None:
     def flip(seed: int, where: str) -> tuple[int, int]:
         run = make_run(tmp_path / where)
-        [rec] = BitflipFileInjector(BitflipFileSpec(at_step=1, seed=seed)).apply(run)
+        [rec] = damage(BitflipFileInjector(BitflipFileSpec(at_step=1, seed=seed)), run)
         return rec.details["offset"], rec.details["bit"]
 
     assert flip(11, "a") == flip(11, "b")
@@ -111,7 +118,7 @@ def test_bitflip_is_deterministic_per_seed(tmp_path: Path) -> None:
 
 def test_truncate_keeps_the_fraction(run: Path) -> None:
     old = (ckpt(run, 30) / "state.pt").read_bytes()
-    [rec] = TruncateInjector(TruncateSpec(at_step=1, keep_fraction=0.25)).apply(run)
+    [rec] = damage(TruncateInjector(TruncateSpec(at_step=1, keep_fraction=0.25)), run)
     new = (ckpt(run, 30) / "state.pt").read_bytes()
     assert len(new) == int(len(old) * 0.25) == rec.details["size_after"]
     assert new == old[: len(new)]
@@ -123,7 +130,7 @@ def test_truncate_keeps_the_fraction(run: Path) -> None:
 def test_zero_page_zeros_exactly_one_page(run: Path, offset: int | None) -> None:
     before = snapshot(run)
     spec = ZeroPageSpec(at_step=1, offset=offset, seed=5)
-    [rec] = ZeroPageInjector(spec).apply(run)
+    [rec] = damage(ZeroPageInjector(spec), run)
     after = snapshot(run)
     name = "checkpoints/step-00000030/state.pt"
     assert changed(before, after) == {name}
@@ -140,8 +147,8 @@ def test_zero_page_zeros_exactly_one_page(run: Path, offset: int | None) -> None
 def test_delete_file_and_manifest(run: Path) -> None:
     before = snapshot(run)
     spec = DeleteFileSpec(at_step=1, checkpoint="step-00000010", file="rng-rank-*.pt")
-    assert len(DeleteFileInjector(spec).apply(run)) == 2
-    DeleteManifestInjector(DeleteManifestSpec(at_step=1)).apply(run)
+    assert len(damage(DeleteFileInjector(spec), run)) == 2
+    damage(DeleteManifestInjector(DeleteManifestSpec(at_step=1)), run)
     gone = {f"checkpoints/step-00000010/rng-rank-{r}.pt" for r in (0, 1)}
     gone.add("checkpoints/step-00000030/manifest.json")
     assert changed(before, snapshot(run)) == gone
@@ -150,16 +157,16 @@ def test_delete_file_and_manifest(run: Path) -> None:
 
 def test_delete_manifest_twice_is_an_error_that_changes_nothing(run: Path) -> None:
     injector = DeleteManifestInjector(DeleteManifestSpec(at_step=1))
-    injector.apply(run)
+    damage(injector, run)
     before = snapshot(run)
     with pytest.raises(InjectionError, match=r"manifest\.json"):
-        injector.apply(run)
+        damage(injector, run)
     assert snapshot(run) == before
 
 
 def test_stale_latest_points_at_the_previous_checkpoint(run: Path) -> None:
     before = snapshot(run)
-    [rec] = StaleLatestInjector(StaleLatestSpec(at_step=1)).apply(run)
+    [rec] = damage(StaleLatestInjector(StaleLatestSpec(at_step=1)), run)
     assert (run / "checkpoints" / "latest").read_text() == "step-00000020\n"
     assert changed(before, snapshot(run)) == {"checkpoints/latest"}
     assert rec.details["latest_before"] == "step-00000030"
@@ -168,7 +175,7 @@ def test_stale_latest_points_at_the_previous_checkpoint(run: Path) -> None:
 
 def test_stale_latest_partial_is_a_broken_copy_at_the_next_step(run: Path) -> None:
     before = snapshot(run)
-    StaleLatestInjector(StaleLatestSpec(at_step=1, to="partial")).apply(run)
+    damage(StaleLatestInjector(StaleLatestSpec(at_step=1, to="partial")), run)
     partial = ckpt(run, 31)
     assert (run / "checkpoints" / "latest").read_text() == "step-00000031\n"
     assert sorted(p.name for p in partial.iterdir()) == [
@@ -193,14 +200,14 @@ def test_stale_latest_without_a_previous_checkpoint_fails(tmp_path: Path) -> Non
     run = make_run(tmp_path / "run", steps=(10,))
     before = snapshot(run)
     with pytest.raises(InjectionError, match="no checkpoint older than step-00000010"):
-        StaleLatestInjector(StaleLatestSpec(at_step=1)).apply(run)
+        damage(StaleLatestInjector(StaleLatestSpec(at_step=1)), run)
     assert snapshot(run) == before
 
 
 @pytest.mark.parametrize(("source", "step"), [("previous", 20), ("step-00000010", 10)])
 def test_swap_copies_the_other_checkpoints_file(run: Path, source: str, step: int) -> None:
     before = snapshot(run)
-    [rec] = SwapInjector(SwapSpec(at_step=1, source=source)).apply(run)
+    [rec] = damage(SwapInjector(SwapSpec(at_step=1, source=source)), run)
     other = (ckpt(run, step) / "state.pt").read_bytes()
     assert (ckpt(run, 30) / "state.pt").read_bytes() == other
     assert changed(before, snapshot(run)) == {"checkpoints/step-00000030/state.pt"}
@@ -212,16 +219,17 @@ def test_foreign_directory_without_latest_uses_the_newest(tmp_path: Path) -> Non
     run = make_run(tmp_path / "run", root="ckpts")
     (run / "ckpts" / "latest").unlink()
     spec = DeleteFileSpec(at_step=1, directory="ckpts", file="manifest.json")
-    [rec] = DeleteFileInjector(spec).apply(run)
+    [rec] = damage(DeleteFileInjector(spec), run)
     assert rec.target == str(run / "ckpts" / "step-00000030" / "manifest.json")
     spec = DeleteFileSpec(at_step=1, directory=str(run / "ckpts"), checkpoint="previous")
     DeleteFileInjector(spec).apply(None)  # an absolute directory needs no run directory
     assert not (run / "ckpts" / "step-00000020" / "state.pt").exists()
 
 
-def test_end_step_applies_to_the_context_run_dir(run: Path) -> None:
+def test_end_step_applies_to_the_context_checkpoint_folder(run: Path) -> None:
     injector = build_injector(parse_fault({"kind": "truncate", "at_step": 3}))
-    ctx = StepContext(step=3, rank=0, world_size=1, run_dir=str(run))
+    folder = str(RunLayout(run).checkpoints)
+    ctx = StepContext(step=3, rank=0, world_size=1, run_dir=str(run), checkpoints=folder)
     [rec] = injector.end_step(ctx)
     assert rec.details["size_after"] == rec.details["size_before"] // 2
     with pytest.raises(InjectionError, match="run directory"):
@@ -248,8 +256,9 @@ def test_missing_target_raises_and_changes_nothing(
     ckpt(run, 31).mkdir()  # the partial's name is taken
     before = snapshot(run)
     with pytest.raises(InjectionError, match=missing):
+        folder = str(RunLayout(run).checkpoints)
         build_injector(parse_fault(fault | {"at_step": 1})).end_step(
-            StepContext(step=1, rank=0, world_size=1, run_dir=str(run))
+            StepContext(step=1, rank=0, world_size=1, run_dir=str(run), checkpoints=folder)
         )
     assert snapshot(run) == before
 
@@ -258,10 +267,10 @@ def test_no_checkpoint_at_all(run: Path) -> None:
     shutil.rmtree(run / "checkpoints")
     (run / "checkpoints").mkdir()
     with pytest.raises(InjectionError, match="no checkpoint in"):
-        DeleteFileInjector(DeleteFileSpec(at_step=1, file="*")).apply(run)
+        damage(DeleteFileInjector(DeleteFileSpec(at_step=1, file="*")), run)
     (run / "checkpoints" / "latest").write_text("step-00000030\n")
     with pytest.raises(InjectionError, match="names 'step-00000030'"):
-        DeleteFileInjector(DeleteFileSpec(at_step=1, file="*")).apply(run)
+        damage(DeleteFileInjector(DeleteFileSpec(at_step=1, file="*")), run)
     assert snapshot(run) == {"checkpoints": None, "checkpoints/latest": b"step-00000030\n"}
 
 
@@ -319,7 +328,7 @@ def test_a_symlink_out_of_the_run_is_refused_and_the_target_untouched(
     link.symlink_to(outside)
     spec = BitflipFileSpec(at_step=1)
     with pytest.raises(InjectionError, match=r"file: .* outside .*; refused"):
-        BitflipFileInjector(spec).apply(run)
+        damage(BitflipFileInjector(spec), run)
     assert outside.read_bytes() == b"keep me" * 100
     # The trainer's own files (path:) are held to its working directory the same way.
     (run / "snap.pt").symlink_to(outside)
@@ -327,3 +336,10 @@ def test_a_symlink_out_of_the_run_is_refused_and_the_target_untouched(
     with pytest.raises(InjectionError, match=r"path: .* outside"):
         own.apply(run, cwd=str(run))
     assert outside.read_bytes() == b"keep me" * 100
+
+
+def test_the_checkpoint_folder_comes_from_the_harness(run: Path) -> None:
+    before = snapshot(run)
+    with pytest.raises(InjectionError, match="needs the run's checkpoint folder"):
+        TruncateInjector(TruncateSpec(at_step=1)).apply(run)
+    assert snapshot(run) == before

@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 
 from harness.journal import read_journal
+from harness.run_layout import RunLayout
 from reference_trainer.hang_monitor import behind
-from reference_trainer.watchdog import Heartbeat, WatchdogConfig, heartbeat_path
+from reference_trainer.watchdog import Heartbeat, WatchdogConfig
 
 
 def write_beat(
     run_dir: Path, rank: int, step: int, *, age: float, timeout: float, pid: int
 ) -> None:
-    path = heartbeat_path(run_dir, rank)
+    path = RunLayout(run_dir).heartbeat_file(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"step": step, "wall": time.time() - age, "timeout": timeout, "pid": pid}
     tmp = path.with_suffix(".tmp")
@@ -67,7 +68,7 @@ def test_a_rank_that_keeps_beating_is_left_alone(
         write_beat(tmp_path, 1, step, age=0.0, timeout=0.5, pid=rank_process.pid)
         time.sleep(0.05)
     assert watcher.poll() is None and rank_process.poll() is None
-    heartbeat_path(tmp_path, 1).unlink()  # the rank ended on its own
+    RunLayout(tmp_path).heartbeat_file(1).unlink()  # the rank ended on its own
     assert watcher.wait(timeout=10) == 0
     assert rank_process.poll() is None
     assert not (tmp_path / "journal").exists()
@@ -98,7 +99,7 @@ def test_the_timeout_is_learned_from_step_times(tmp_path: Path) -> None:
         time.sleep(0.1)
         beat.beat(step)
     assert 0.4 <= beat.timeout <= 2.0  # 4 x the slowest of ~0.1 s steps
-    saved = json.loads(heartbeat_path(tmp_path, 0).read_text())
+    saved = json.loads(RunLayout(tmp_path).heartbeat_file(0).read_text())
     assert saved["step"] == 5 and saved["timeout"] == beat.timeout
     with pytest.raises(ValueError, match=r"stability\.watchdog\.min_timeout"):
         WatchdogConfig(initial_timeout=1, min_timeout=5)

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness.errors import JournalError
-from harness.journal import JournalWriter, TornLineWarning, journal_path, read_journal
+from harness.journal import JournalWriter, TornLineWarning, read_journal
 from harness.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION
+from harness.run_layout import RunLayout
 
 from .conftest import ROOT
 
@@ -40,7 +41,7 @@ def test_events_round_trip_with_common_fields(tmp_path: Path) -> None:
 def test_non_finite_floats_are_valid_json_and_read_back_as_floats(tmp_path: Path) -> None:
     with JournalWriter(tmp_path) as w:
         w.emit("step", 1, loss=math.nan, grad_norm=math.inf, lr=-math.inf)
-    line = journal_path(tmp_path, 0).read_text().strip()
+    line = RunLayout(tmp_path).journal_file(0).read_text().strip()
     record = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert record["loss"] == "nan"
     (event,) = read_journal(tmp_path)
@@ -63,7 +64,7 @@ def test_writer_refuses_events_outside_the_schema(
 ) -> None:
     with JournalWriter(tmp_path) as w, pytest.raises(JournalError, match=re.escape(message)):
         w.emit(kind, 1, **fields)
-    assert journal_path(tmp_path, 0).read_bytes() == b""
+    assert RunLayout(tmp_path).journal_file(0).read_bytes() == b""
 
 
 def test_ranks_are_merged_in_time_and_each_keeps_its_order(tmp_path: Path) -> None:
@@ -94,7 +95,7 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None:
     with JournalWriter(tmp_path) as w:
         w.emit("step", 1, loss=1.0)
         w.emit("step", 2, loss=2.0)
-    path = journal_path(tmp_path, 0)
+    path = RunLayout(tmp_path).journal_file(0)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 9])  # cut the second line short
     with pytest.warns(TornLineWarning, match="torn last line"):
@@ -111,7 +112,7 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None:
 def test_writer_reopened_after_a_torn_line_starts_a_fresh_line(tmp_path: Path) -> None:
     with JournalWriter(tmp_path) as w:
         w.emit("step", 1, loss=1.0)
-    path = journal_path(tmp_path, 0)
+    path = RunLayout(tmp_path).journal_file(0)
     path.write_bytes(path.read_bytes() + b'{"v":1,"kind":"st')  # killed mid-line
     with JournalWriter(tmp_path, restart=1) as w:
         w.emit("step", 2, loss=2.0)
@@ -153,7 +154,7 @@ def test_reader_survives_a_writer_killed_mid_stream(tmp_path: Path) -> None:
 
 
 def test_journal_from_a_newer_schema_is_refused(tmp_path: Path) -> None:
-    path = journal_path(tmp_path, 0)
+    path = RunLayout(tmp_path).journal_file(0)
     path.parent.mkdir(parents=True)
     record = {k: 0 for k in COMMON_FIELDS} | {"v": SCHEMA_VERSION + 1, "kind": "step"}
     path.write_text(json.dumps(record) + "\n")

@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.launch import LOG_FILE
+from harness.run_layout import RunLayout
 from harness.runner import keep_baseline
 
 THREADS = 8
@@ -19,7 +19,7 @@ def cached_baseline(root: Path) -> Path:
     for rank in (0, 1):
         lines = "".join(f'{{"rank": {rank}, "step": {s}}}\n' for s in range(2000))
         (cached / "journal" / f"rank-{rank}.jsonl").write_text(lines)
-    (cached / LOG_FILE).write_text("step 1 loss 4.0\n" * 1000)
+    RunLayout(cached).log.write_text("step 1 loss 4.0\n" * 1000)
     (cached / "baseline.json").write_text("{}")
     return cached
 

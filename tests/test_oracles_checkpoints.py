@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from faults.checkpoint import (
     BitflipFileInjector,
@@ -16,12 +17,19 @@ from faults.checkpoint import (
 )
 from faults.injector import Injection
 from harness.oracles import NoCorruptCheckpointLoadedOracle
+from harness.run_layout import RunLayout
 from harness.verdict import Check
 from reference_trainer.manifest import write_manifest
 
 from .oracle_runs import TARGET, Run
 
 FULL, DELTA = "step-00000010", "step-00000020"
+
+
+def damage(injector: Any, run_dir: Path) -> list[Injection]:
+    """Apply a checkpoint fault to the run in ``run_dir`` as the agent does: with the run's
+    checkpoint folder."""
+    return list(injector.apply(run_dir, checkpoints=RunLayout(run_dir).checkpoints))
 
 
 def save(run_dir: Path, name: str, data: bytes, parent: str | None = None) -> Path:
@@ -68,7 +76,7 @@ def test_loading_an_intact_delta_and_its_parent_passes(tmp_path: Path) -> None:
 def test_silent_damage_to_a_loaded_checkpoint_fails(tmp_path: Path) -> None:
     run = saved_run(tmp_path)
     # Nobody journals this bit flip: only the files can tell.
-    BitflipFileInjector(BitflipFileSpec(at_step=1, checkpoint=DELTA)).apply(tmp_path)
+    damage(BitflipFileInjector(BitflipFileSpec(at_step=1, checkpoint=DELTA)), tmp_path)
     check = resume(run)
     assert not check.passed and check.figure == 1
     assert "delta.bin does not match its SHA-256" in check.detail
@@ -86,14 +94,14 @@ def test_a_checkpoint_renamed_into_the_loaded_step_is_corrupt(tmp_path: Path) ->
 
 def test_a_delta_with_a_damaged_parent_is_corrupt(tmp_path: Path) -> None:
     run = saved_run(tmp_path)
-    TruncateInjector(TruncateSpec(at_step=1, checkpoint=FULL)).apply(tmp_path)
+    damage(TruncateInjector(TruncateSpec(at_step=1, checkpoint=FULL)), tmp_path)
     check = resume(run)
     assert not check.passed and "state.pt has" in check.detail
 
 
 def test_a_missing_manifest_is_corrupt(tmp_path: Path) -> None:
     run = saved_run(tmp_path)
-    journal_damage(run, 22, DeleteManifestInjector(DeleteManifestSpec(at_step=1)).apply(tmp_path))
+    journal_damage(run, 22, damage(DeleteManifestInjector(DeleteManifestSpec(at_step=1)), tmp_path))
     check = resume(run)
     assert not check.passed and "delete_manifest hit step-00000020 at step 22" in check.detail
 
@@ -102,7 +110,7 @@ def test_damage_journaled_before_the_load_fails_even_once_the_files_are_gone(
     tmp_path: Path,
 ) -> None:
     run = saved_run(tmp_path)
-    journal_damage(run, 21, BitflipFileInjector(BitflipFileSpec(at_step=1)).apply(tmp_path))
+    journal_damage(run, 21, damage(BitflipFileInjector(BitflipFileSpec(at_step=1)), tmp_path))
     run.steps(21, 25).rollback(25, to=20).steps(21, TARGET).end()
     shutil.rmtree(tmp_path / "checkpoints")  # retention, or a cleanup, after the run
     check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
@@ -111,7 +119,7 @@ def test_damage_journaled_before_the_load_fails_even_once_the_files_are_gone(
 
 def test_damage_after_the_load_is_not_blamed_on_it(tmp_path: Path) -> None:
     run = saved_run(tmp_path).steps(21, 25).rollback(25, to=20)
-    journal_damage(run, 26, TruncateInjector(TruncateSpec(at_step=1)).apply(tmp_path))
+    journal_damage(run, 26, damage(TruncateInjector(TruncateSpec(at_step=1)), tmp_path))
     # A later load of the untouched step 10 is one the files can still vouch for.
     run.steps(21, 28).rollback(28, to=10).steps(11, TARGET).end()
     check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
@@ -121,7 +129,7 @@ def test_damage_after_the_load_is_not_blamed_on_it(tmp_path: Path) -> None:
 
 def test_a_checkpoint_saved_again_after_its_damage_is_a_new_one(tmp_path: Path) -> None:
     run = saved_run(tmp_path)
-    journal_damage(run, 21, TruncateInjector(TruncateSpec(at_step=1)).apply(tmp_path))
+    journal_damage(run, 21, damage(TruncateInjector(TruncateSpec(at_step=1)), tmp_path))
     run.rollback(21, to=10).steps(11, 20)  # the damaged step 20 is never loaded...
     folder = save(tmp_path, DELTA, b"again" * 300, parent=FULL)  # ...and is saved anew
     run.emit("checkpoint_saved", 20, path=str(folder))
@@ -141,7 +149,7 @@ def test_a_deleted_checkpoint_is_unverifiable_so_not_judged(tmp_path: Path) -> N
 
 def test_damage_after_the_only_load_leaves_it_not_judged(tmp_path: Path) -> None:
     run = saved_run(tmp_path).steps(21, 25).rollback(25, to=20)
-    journal_damage(run, 26, TruncateInjector(TruncateSpec(at_step=1)).apply(tmp_path))
+    journal_damage(run, 26, damage(TruncateInjector(TruncateSpec(at_step=1)), tmp_path))
     run.steps(21, TARGET).end()
     check = NoCorruptCheckpointLoadedOracle().judge(run.evidence())
     # Not blamed (not corrupt), but no longer provably intact either.
@@ -151,7 +159,7 @@ def test_damage_after_the_only_load_leaves_it_not_judged(tmp_path: Path) -> None
 
 def test_a_moved_run_directory_is_still_checked(tmp_path: Path) -> None:
     run = saved_run(tmp_path / "ran-here")
-    BitflipFileInjector(BitflipFileSpec(at_step=1, checkpoint=DELTA)).apply(run.run_dir)
+    damage(BitflipFileInjector(BitflipFileSpec(at_step=1, checkpoint=DELTA)), run.run_dir)
     run.steps(21, 25).rollback(25, to=20).steps(21, TARGET).end()
     run.close()
     moved = tmp_path / "copied-there"

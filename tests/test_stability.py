@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from faults import build_injector, parse_fault
+from faults.injector import Injection
+from harness.run_layout import RunLayout
 from reference_trainer.errors import CheckpointError
 
 from .stability_support import claims, config, final_loss, finite_at_end, near, run
@@ -18,6 +21,12 @@ from .stability_support import claims, config, final_loss, finite_at_end, near, 
 pytestmark = pytest.mark.slow
 
 NAN_AT_12 = [{"kind": "nan_grad", "at_step": 12, "target": "blocks.0.attn.*"}]
+
+
+def damage_checkpoints(injector: Any, run_dir: Path) -> list[Injection]:
+    """Apply a checkpoint fault to the run in ``run_dir`` as the agent does: with the run's
+    checkpoint folder."""
+    return list(injector.apply(run_dir, checkpoints=RunLayout(run_dir).checkpoints))
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +101,7 @@ def test_a_damaged_latest_checkpoint_is_rejected_and_an_older_one_used(tmp_path:
     cfg = config(steps=30)
     run(tmp_path, cfg, stop_after=20)
     damage = {"kind": "truncate", "at_step": 1, "file": "delta.bin"}  # 20 is a delta of 10
-    build_injector(parse_fault(damage)).apply(tmp_path)  # type: ignore[attr-defined]
+    damage_checkpoints(build_injector(parse_fault(damage)), tmp_path)
     result, journal = run(tmp_path, cfg, resume=True)
     assert result.status == "completed"
     (rejected,) = journal.of_kind("checkpoint_rejected")
@@ -106,7 +115,7 @@ def test_without_integrity_checks_the_damaged_checkpoint_is_loaded(tmp_path: Pat
     cfg = config(steps=30, fragile=True)
     run(tmp_path, cfg, stop_after=20)
     damage = {"kind": "truncate", "at_step": 1, "file": "state.pt"}
-    build_injector(parse_fault(damage)).apply(tmp_path)  # type: ignore[attr-defined]
+    damage_checkpoints(build_injector(parse_fault(damage)), tmp_path)
     with pytest.raises(CheckpointError, match=r"step-00000020/state\.pt is unreadable"):
         run(tmp_path, cfg, resume=True)
 

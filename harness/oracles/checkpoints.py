@@ -14,6 +14,7 @@ from harness.journal import Event
 from harness.oracles.base import ExpectOracle
 from harness.oracles.manifests import CheckpointState, inspect_checkpoint
 from harness.oracles.timeline import damaged_paths, faults, plural
+from harness.run_layout import RunLayout
 from harness.verdict import Check, Evidence
 
 #: Corrupt loads named one by one in the detail; the rest are counted.
@@ -37,7 +38,7 @@ def locate(raw: str, run_dir: Path) -> Path:
     path = Path(raw)
     candidates = [path] if path.is_absolute() else [path, run_dir / path]
     # The run directory may have moved since the run (copied off the machine it ran on).
-    candidates.append(run_dir / "checkpoints" / path.name)
+    candidates.append(RunLayout(run_dir).checkpoints / path.name)
     return next((c for c in candidates if c.is_dir()), candidates[0])
 
 

@@ -1,0 +1,86 @@
+"""Every path of a run directory, named in one place.
+
+A run directory is shared ground: the reference trainer writes it, the agent journals into
+it, faults damage it, the runner and the oracles read it. Each of them asks this module
+where a thing lives, so the layout below is written down once::
+
+    RUN_DIR/config.json                the reference trainer's configuration
+    RUN_DIR/run-id                     the run's id, bound into every checkpoint manifest
+    RUN_DIR/tokenizer.json             the tokenizer the run trained
+    RUN_DIR/journal/rank-R.jsonl       what each rank saw (docs/journal.md)
+    RUN_DIR/checkpoints/               step-NNNNNNNN/ folders and the `latest` hint
+    RUN_DIR/heartbeats/rank-R.json     each rank's last step, for its hang monitor
+    RUN_DIR/control/                   the live-control channel (harness/control.py)
+    RUN_DIR/diagnosis.md               why recovery gave up, when it did
+    RUN_DIR/plan.yaml                  the fault plan the runner handed the trainer
+    RUN_DIR/trainer.log                the trainer's output, as the runner captured it
+    RUN_DIR/baseline.json              a cached fault-free baseline run is complete
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class RunLayout:
+    """The paths of one run directory."""
+
+    root: Path
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def run_id(self) -> Path:
+        return self.root / "run-id"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer.json"
+
+    @property
+    def journal(self) -> Path:
+        return self.root / "journal"
+
+    def journal_file(self, rank: int) -> Path:
+        """One rank's journal (every restart of that rank appends to it)."""
+        return self.journal / f"rank-{rank}.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.root / "heartbeats"
+
+    def heartbeat_file(self, rank: int) -> Path:
+        """One rank's heartbeat, rewritten after every step."""
+        return self.heartbeats / f"rank-{rank}.json"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "control"
+
+    @property
+    def diagnosis(self) -> Path:
+        return self.root / "diagnosis.md"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.yaml"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "trainer.log"
+
+    @property
+    def baseline_done(self) -> Path:
+        return self.root / "baseline.json"
