@@ -265,6 +265,11 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 no_steps=FieldSpec(
                     "str", "An attached agent that found no training step: why not."
                 ),
+                gave_up=FieldSpec(
+                    "bool",
+                    "The trainer stopped on purpose: its recovery ran out of options (a judged "
+                    "failure with a diagnosis, not a crash).",
+                ),
             ),
         ),
     }

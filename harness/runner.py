@@ -148,12 +148,7 @@ def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:
     if launch.exit_code == 0:
         return None
     ends = journal.of_kind("run_end")
-    handled = (
-        ends
-        and ends[-1].get("status") == "failed"
-        and str(ends[-1].get("reason", "")).startswith("recovery exhausted")
-    )
-    if handled:  # the trainer gave up on purpose: a judged failure, not a crash
+    if ends and ends[-1].get("gave_up") is True:  # on purpose: a judged failure, not a crash
         return None
     return f"the trainer crashed (exit code {launch.exit_code}){attempt_errors(journal)}"
 

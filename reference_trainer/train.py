@@ -180,6 +180,7 @@ class Run:
         self.policy = RecoveryPolicy(cfg.stability.recovery)
         self.spikes = SpikeMonitor(cfg.stability.spikes)
         self.skips = 0
+        self.gave_up = False
         self.preemption = Preemption(cfg.stability.preemption)
         self.trainer.preempt_requested = lambda: self.preemption.requested
         watchdog = cfg.stability.watchdog
@@ -275,7 +276,8 @@ class Run:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             self.preemption.uninstall()
-            agent.close("stopped" if status == "preempted" else status, reason)
+            ended = {"gave_up": True} if self.gave_up else {}
+            agent.close("stopped" if status == "preempted" else status, reason, **ended)
         return RunResult(step, loss, time.monotonic() - started, status)
 
     def _has_checkpoints(self) -> bool:
@@ -297,6 +299,7 @@ class Run:
                 agent.end_step()
                 self._beat(step)
                 if resumed is None:
+                    self.gave_up = True
                     return (
                         step,
                         loss,

@@ -191,3 +191,22 @@ def test_a_crash_names_the_last_error_of_every_attempt(tmp_path: Path) -> None:
         "the trainer crashed (exit code 1); attempt 0, rank 0: UnpicklingError: invalid load "
         "key; attempt 1, rank 0: EOFError: truncated"
     )
+
+
+@pytest.mark.parametrize(("gave_up", "reason"), [(True, "x"), (False, "recovery exhausted: see")])
+def test_only_a_run_end_that_says_it_gave_up_is_judged_rather_than_crashed(
+    tmp_path: Path, gave_up: bool, reason: str
+) -> None:
+    from harness.journal import JournalWriter, read_journal
+    from harness.launch import Launch
+    from harness.runner import _crash
+
+    writer = JournalWriter(tmp_path, 0, 0)
+    writer.emit("run_start", 0, world_size=1, pid=1, host="h")
+    writer.emit(
+        "run_end", 3, status="failed", reason=reason, **({"gave_up": True} if gave_up else {})
+    )
+    writer.close()
+    error = _crash(Launch(1, False, 1.0), read_journal(tmp_path), 60)
+    # The field decides, not the wording of the reason (which a trainer may phrase any way).
+    assert (error is None) == gave_up
