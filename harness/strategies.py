@@ -63,7 +63,7 @@ def _check_kinds(kinds: object) -> tuple[str, ...]:
     drawable = [
         name
         for name, kind in sorted(table.items())
-        if name in _KNOWN
+        if name in DRAWN_KINDS
         or not any(f.is_required() for n, f in kind.spec.model_fields.items() if n not in common)
     ]
     names = tuple(drawable) if kinds is None else _check_names("kinds", kinds)
@@ -164,7 +164,9 @@ def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
     }
 
 
-_KNOWN = frozenset(_param_table(("*",), "float32"))
+#: Kinds whose own fields are drawn here: every kind but the node kinds, which act on
+#: Docker containers from outside the trainer (tests/test_fault_kinds.py pins it).
+DRAWN_KINDS = frozenset(_param_table(("*",), "float32"))
 
 
 def _common(max_step: int, world_size: int, checkpoint_every: int | None, timed: bool) -> Fields:
