@@ -12,7 +12,7 @@ trainers that know nothing of tightrope)::
     agent.before_optimizer_step()      learning-rate faults
     ... optimizer.step() ...
     agent.after_optimizer_step()       weight and optimizer-state faults
-    agent.observe_step(loss=..., ...)  the `step` event, with the agent's own checks
+    agent.observe_step(StepObserved(loss=...))  the `step` event, with the agent's own checks
     ... checkpoint save ...
     agent.end_step()                   file and process faults; temporary changes undone
 
@@ -50,7 +50,8 @@ from faults import (
     build_injector,
     parse_fault,
 )
-from harness.control import ArmedBoard, ControlChannel, register_pid
+from harness.control import Answer, ArmedBoard, ControlChannel, register_pid
+from harness.events import Claim, FileLoaded, FileLoadFailed, FileSaved, StepObserved
 from harness.hooks import Inert
 from harness.journal import Event, JournalWriter, read_journal_file
 from harness.process_group import broadcast_text
@@ -242,9 +243,10 @@ class Agent:
             self.check_params_every > 0 and self.step % self.check_params_every == 0
         )
 
-    def observe_step(self, **observations: Any) -> None:
+    def observe_step(self, observed: StepObserved) -> None:
         """Journal the `step` event with what the agent observed itself: whether the update
         happened (``skipped``) and, when due, whether every parameter is finite."""
+        observations = observed.fields()
         if self._updated is not None:
             observations["skipped"] = not self._updated
         if self.check_due and self.model is not None:
@@ -274,10 +276,14 @@ class Agent:
 
     # -- claims and lifecycle ----------------------------------------------------------
 
-    def claim(self, kind: str, /, step: int | None = None, **fields: Any) -> None:
+    def claim(self, claim: Claim, step: int | None = None) -> None:
         """Journal something the trainer reports about itself (detected, recovered, ...),
         at the current step unless ``step`` says otherwise."""
-        self.journal.emit(kind, self.step if step is None else step, **fields)
+        self.journal.emit(claim.kind, self.step if step is None else step, **claim.fields())
+
+    def observe_file(self, event: FileSaved | FileLoaded | FileLoadFailed) -> None:
+        """Journal a file the trainer saved or loaded, as the agent saw it."""
+        self.journal.emit(event.kind, self.step, **event.fields())
 
     def checkpoint_loaded(self, path: str | os.PathLike[str]) -> None:
         """Journal that the trainer restored the checkpoint folder ``path``, with the agent's
@@ -361,16 +367,18 @@ class Agent:
                     self.journal.emit(
                         "command", step, id=received.id, accepted=False, reason=received.reason
                     )
-                    self.channel.answer(received.id, step=step, accepted=False,
-                                        reason=received.reason)  # fmt: skip
+                    self.channel.answer(
+                        Answer(received.id, step, accepted=False, reason=received.reason)
+                    )
                     continue
                 # Another rank may already be one step further: arm no sooner than next step.
                 lead = 1 if self.world_size > 1 else 0
                 effective = step + max(received.in_steps, lead)
                 self.channel.publish(received.id, received.fault, effective, self.journal.restart)
                 published = True
-                self.channel.answer(received.id, step=step, accepted=True,
-                                    effective_step=effective)  # fmt: skip
+                self.channel.answer(
+                    Answer(received.id, step, accepted=True, effective_step=effective)
+                )
         assert self.board is not None
         if self.world_size == 1 and not published:
             return  # alone, nothing is armed but what this process just published

@@ -25,6 +25,15 @@ from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan
 from harness.agent import Agent
+from harness.events import (
+    OMIT,
+    Detected,
+    FileLoaded,
+    FileLoadFailed,
+    FileSaved,
+    Restart,
+    StepObserved,
+)
 from harness.exec import check_plan
 from harness.files import SaveMatch, add_file_listener, read_saves, remove_file_listener
 from harness.hooks import (
@@ -202,7 +211,7 @@ class AttachedAgent:
         first = next(model.parameters(), None) if model is not None else None
         self.agent.start(0, **({"device": first.device.type} if first is not None else {}))
         if count := self.agent.journal.restart:
-            self.agent.claim("restart", count=count, reason="launcher restarted the workers")
+            self.agent.claim(Restart(count=count, reason="launcher restarted the workers"))
 
     def set_model(self, model: nn.Module) -> None:
         """Watch ``model`` (already unwrapped): its forward opens steps, feeds batch faults."""
@@ -256,12 +265,12 @@ class AttachedAgent:
         if self._grad_norm is None and self.agent.check_due and self.agent.optimizer is None:
             self._grad_norm = self._norm()
         loss = float(self._loss) if self._loss is not None else math.nan
-        fields: dict[str, Any] = {"loss": loss, "grad_norm": self._grad_norm}
-        if self._lr is not None:
-            fields["lr"] = self._lr
+        lr = self._lr if self._lr is not None else OMIT
         if not update_known:
             self.agent.note_update(known=False)
-        self.agent.observe_step(**fields, step_time=now - started)
+        self.agent.observe_step(
+            StepObserved(loss=loss, grad_norm=self._grad_norm, lr=lr, step_time=now - started)
+        )
         self._open = self._in_step = self._backward_seen = False
         self._loss = self._lr = None
         self.agent.end_step()
@@ -350,7 +359,7 @@ class AttachedAgent:
         """Journal the save; remember its hash and step."""
         if self._closed:
             return
-        self.agent.claim("file_saved", path=str(path), sha256=sha256, bytes=size, api=api)
+        self.agent.observe_file(FileSaved(path=str(path), sha256=sha256, bytes=size, api=api))
         self.agent.file_saved(str(path))
 
     def loaded(self, path: Path, sha256: str, api: str) -> None:
@@ -359,7 +368,9 @@ class AttachedAgent:
         if self._closed:
             return
         match = self._match(path, sha256)
-        self.agent.claim("file_loaded", path=str(path), sha256=sha256, api=api, **match.fields())
+        self.agent.observe_file(
+            FileLoaded(path=str(path), sha256=sha256, api=api, **match.fields())
+        )
         # Damaged or not, the trainer resumes from what that save held.
         if match.step is not None and not self._began and not self._open:
             self.agent.step = match.step
@@ -369,13 +380,9 @@ class AttachedAgent:
         if self._closed:
             return
         intact = self._match(path, sha256).intact if sha256 is not None else None
-        self.agent.claim(
-            "file_load_failed",
-            path=str(path),
-            sha256=sha256,
-            intact=intact,
-            error=f"{type(error).__name__}: {error}"[:500],
-            api=api,
+        error_text = f"{type(error).__name__}: {error}"[:500]
+        self.agent.observe_file(
+            FileLoadFailed(path=str(path), sha256=sha256, intact=intact, error=error_text, api=api)
         )
 
     def _match(self, path: Path, sha256: str) -> SaveMatch:
@@ -422,7 +429,7 @@ def claim(detector: str, **details: Any) -> None:
     step skipped, a rollback, a restart, a file refused). Outside an attached run it does
     nothing, so a trainer can call it unconditionally."""
     if _attached:
-        _attached[-1].agent.claim("detected", detector=detector, details=details)
+        _attached[-1].agent.claim(Detected(detector=detector, details=details))
 
 
 class _CallableModule(types.ModuleType):

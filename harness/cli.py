@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -121,32 +120,27 @@ def _inject(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if not answer.get("accepted"):
-        print(f"tightrope: the job refused {command.id}: {answer.get('reason')}", file=sys.stderr)
+    if not answer.accepted:
+        print(f"tightrope: the job refused {command.id}: {answer.reason}", file=sys.stderr)
         return 1
     print(
-        f"{command.id}: {args.kind} armed for step {answer['effective_step']} "
-        f"(the job was at step {answer['step']})"
+        f"{command.id}: {args.kind} armed for step {answer.effective_step} "
+        f"(the job was at step {answer.step})"
     )
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        state = job_status(read_journal(args.run_dir))
+    state = job_status(read_journal(args.run_dir, warn=False))
     loss = f"{state.loss:.4f}" if state.loss is not None else "-"
     print(f"run      {args.run_dir} ({'running' if state.running else 'not running'})")
     print(f"step     {state.step}   loss {loss}")
-    for item in state.armed:
-        print(f"armed    {item['fault']} at step {item['step']} ({item['id']})")
-    for item in state.fired:
-        print(
-            f"fired    {item['fault']} at step {item['step']} on rank {item['rank']} "
-            f"-> {item['target']}"
-        )
-    for item in state.rejected:
-        print(f"refused  {item['id']}: {item['reason']}")
+    for armed in state.armed:
+        print(f"armed    {armed.fault} at step {armed.step} ({armed.id})")
+    for fired in state.fired:
+        print(f"fired    {fired.fault} at step {fired.step} on rank {fired.rank} -> {fired.target}")
+    for refused in state.rejected:
+        print(f"refused  {refused.id}: {refused.reason}")
     return 0
 
 
@@ -180,11 +174,10 @@ def _default(value: object) -> str:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = summarize(read_journal(args.run_dir))
-    for w in caught:
-        print(f"tightrope: warning: {w.message}", file=sys.stderr)
+    journal = read_journal(args.run_dir, warn=False)
+    for note in journal.skipped:
+        print(f"tightrope: warning: {note}", file=sys.stderr)
+    result = summarize(journal)
     target = f"/{result.target_steps}" if result.target_steps else ""
     print(f"verdict: {result.verdict()}")
     print(f"run        {args.run_dir}")

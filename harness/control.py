@@ -19,6 +19,7 @@ every rank in time. Commands are JSON; nothing read from these files is ever unp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -143,17 +144,41 @@ def send(run_dir: str | os.PathLike[str], fault: Mapping[str, Any], in_steps: in
     return Command(command_id, checked, in_steps)
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The job's answer to one command: armed for ``effective_step``, or refused."""
+
+    id: str
+    #: The step the job was at when it read the command.
+    step: int
+    accepted: bool
+    effective_step: int | None = None
+    reason: str = ""
+
+    def to_json(self) -> str:
+        """The answer as the job writes it."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Answer:
+        """An answer read back; a `ControlError` when the file is not one."""
+        try:
+            data = json.loads(text)
+            return cls(**data)
+        except (ValueError, TypeError) as exc:
+            raise ControlError(f"the job's answer is unreadable: {exc}") from None
+
+
 def wait_for_answer(
     run_dir: str | os.PathLike[str], command_id: str, timeout: float
-) -> dict[str, Any] | None:
+) -> Answer | None:
     """The job's answer to a command, or None when none came within ``timeout`` (the
     unread command is then withdrawn so it cannot fire later by surprise)."""
     ack = RunLayout(run_dir).control / "acks" / f"{command_id}.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ack.exists():
-            answer: dict[str, Any] = json.loads(ack.read_text())
-            return answer
+            return Answer.from_json(ack.read_text())
         time.sleep(0.05)
     (RunLayout(run_dir).control / "inbox" / f"{command_id}.json").unlink(missing_ok=True)
     return None
@@ -242,12 +267,10 @@ class ControlChannel:
             return f"expired: issued {age:.0f} s ago (at most {COMMAND_EXPIRY_SECONDS:g} s)"
         return ""
 
-    def answer(self, command_id: str, **fields: Any) -> None:
+    def answer(self, answer: Answer) -> None:
         """Write the job's answer where ``tightrope inject`` waits for it."""
-        safe = "".join(c for c in command_id if c.isalnum() or c in "-_") or "invalid"
-        _write_atomic(
-            self.folder / "acks" / f"{safe}.json", json.dumps({"id": command_id, **fields})
-        )
+        safe = "".join(c for c in answer.id if c.isalnum() or c in "-_") or "invalid"
+        _write_atomic(self.folder / "acks" / f"{safe}.json", answer.to_json())
 
     def publish(self, command_id: str, fault: Mapping[str, Any], step: int, attempt: int) -> None:
         """Arm an accepted command for every rank: ``fault`` at ``step`` of this attempt."""

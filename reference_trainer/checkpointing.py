@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from harness.events import CheckpointRejected, CheckpointSaved
 from reference_trainer import checkpoint as files
 from reference_trainer.delta import DeltaBlob, DeltaError, decode_delta, encode_delta
 from reference_trainer.errors import CheckpointError, ConfigError
@@ -34,6 +35,7 @@ from reference_trainer.manifest import (
 from reference_trainer.nested import map_leaves
 
 DELTA_FILE = "delta.bin"
+#: The agent's ``claim(claim, step=None)``.
 Claim = Callable[..., None]
 
 
@@ -176,15 +178,14 @@ class CheckpointManager:
         else:
             self._since_full += 1
         size = sum(p.stat().st_size for p in final.iterdir())
-        self.claim(
-            "checkpoint_saved",
-            step=step,
+        saved = CheckpointSaved(
             path=str(final),
             bytes=size,
             type="full" if full else "delta",
             seconds=time.perf_counter() - t0,
             stall_seconds=stall,
         )
+        self.claim(saved, step=step)
         self.prune()
 
     def prune(self) -> list[Path]:
@@ -288,7 +289,7 @@ class CheckpointManager:
                 state = self.load(path)
             except CheckpointError as exc:
                 rejected.append(f"{path.name}: {exc}")
-                self.claim("checkpoint_rejected", path=str(path), reason=str(exc))
+                self.claim(CheckpointRejected(path=str(path), reason=str(exc)))
                 continue
             if skip:
                 skip -= 1

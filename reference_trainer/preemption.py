@@ -18,6 +18,7 @@ from types import FrameType
 from typing import Any
 
 from harness.agent import Agent
+from harness.events import Detected, Recovered
 
 #: Exit status of a rank that stopped for a preemption (128 + SIGTERM, as shells report it).
 EXIT_PREEMPTED = 143
@@ -57,10 +58,10 @@ def journal_preemption(agent: Agent, preemption: Preemption, step: int) -> str:
     since = preemption.received_at
     waited = time.monotonic() - since if since is not None else None
     here = "here" if preemption.requested else "on another rank"
-    agent.claim("detected", detector="preemption", details={"signal": "SIGTERM", "received": here})
+    agent.claim(Detected(detector="preemption", details={"signal": "SIGTERM", "received": here}))
     agent.claim(
-        "recovered",
-        action="emergency_checkpoint",
-        details={"step": step, "seconds_after_signal": waited},
+        Recovered(
+            action="emergency_checkpoint", details={"step": step, "seconds_after_signal": waited}
+        )
     )
     return f"preempted (SIGTERM): emergency checkpoint at step {step}"

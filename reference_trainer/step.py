@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.agent import Agent
+from harness.events import Claim, Detected, Recovered, StepObserved
 from reference_trainer.clipping import clip_gradients, clip_threshold
 from reference_trainer.config import TrainConfig
 from reference_trainer.data import DocumentPipeline, ShardedLoader, TokenStream
@@ -35,15 +36,15 @@ from reference_trainer.precision_switch import ActivationMonitor
 class StepResult:
     """What a step did: the `step` event's fields and the claims it gives rise to."""
 
-    observations: dict[str, Any]
-    claims: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    observed: StepObserved
+    claims: list[Claim] = field(default_factory=list)
     #: Some rank received SIGTERM: every rank stops after this step (agreed by all).
     preempted: bool = False
 
     @property
     def skipped(self) -> bool:
         """The update was skipped."""
-        return bool(self.observations.get("skipped"))
+        return self.observed.skipped is True
 
 
 @dataclass(slots=True)
@@ -115,17 +116,14 @@ class Trainer:
             )
         )
         mean_loss, all_finite, preempted = self._agree(local, math.isfinite(grad_norm))
-        claims: list[tuple[str, dict[str, Any]]] = []
+        claims: list[Claim] = []
         skip = not all_finite and (cfg.stability.nonfinite_guard or scaler.active)
         if skip:
             self.optimizer.zero_grad(set_to_none=True)
             claims.append(
-                (
-                    "detected",
-                    {
-                        "detector": "nonfinite_guard" if not scaler.active else "fp16_overflow",
-                        "details": {"loss": mean_loss, "grad_norm": grad_norm},
-                    },
+                Detected(
+                    detector="nonfinite_guard" if not scaler.active else "fp16_overflow",
+                    details={"loss": mean_loss, "grad_norm": grad_norm},
                 )
             )
         else:
@@ -140,71 +138,57 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
         change = scaler.update(overflow=not all_finite)
         if change is not None:
-            kind = "detected" if change.action != "growth" else "recovered"
             name = "loss_scale_" + change.action
-            key = "detector" if kind == "detected" else "action"
+            details = {
+                "old": change.old,
+                "new": change.new,
+                "hysteresis_left": change.hysteresis_left,
+            }
             claims.append(
-                (
-                    kind,
-                    {
-                        key: name,
-                        "details": {
-                            "old": change.old,
-                            "new": change.new,
-                            "hysteresis_left": change.hysteresis_left,
-                        },
-                    },
-                )
+                Recovered(action=name, details=details)
+                if change.action == "growth"
+                else Detected(detector=name, details=details)
             )
         if self.monitor is not None:
             for switch in self.monitor.end_step(step):
                 if switch.to == "fp32":
                     claims.append(
-                        (
-                            "detected",
-                            {
-                                "detector": "activation_range",
-                                "details": {"layer": switch.layer, "max_abs": switch.max_abs},
-                            },
+                        Detected(
+                            detector="activation_range",
+                            details={"layer": switch.layer, "max_abs": switch.max_abs},
                         )
                     )
                 claims.append(
-                    (
-                        "recovered",
-                        {
-                            "action": f"precision_{switch.to}",
-                            "details": {"layer": switch.layer, "max_abs": switch.max_abs},
-                        },
+                    Recovered(
+                        action=f"precision_{switch.to}",
+                        details={"layer": switch.layer, "max_abs": switch.max_abs},
                     )
                 )
         counters = self.documents.take_counters()
         if counters.dropped:
             claims.append(
-                (
-                    "detected",
-                    {
-                        "detector": "dedup",
-                        "details": {
-                            "dropped": sum(sum(r.values()) for r in counters.dropped.values()),
-                            "by_source": counters.dropped,
-                            "contaminated_dropped": counters.contaminated_dropped,
-                        },
+                Detected(
+                    detector="dedup",
+                    details={
+                        "dropped": sum(sum(r.values()) for r in counters.dropped.values()),
+                        "by_source": counters.dropped,
+                        "contaminated_dropped": counters.contaminated_dropped,
                     },
                 )
             )
-        observations = {
-            "loss": mean_loss,
-            "local_loss": float(local),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "loss_scale": loss_scale,
-            "tokens": self.loader.tokens_per_step(),
-            "step_time": time.perf_counter() - t0,
-            "skipped": skip,
-            "docs": counters.docs,
-            "contaminated_docs": counters.contaminated_docs,
-        }
-        return StepResult(observations, claims, preempted)
+        observed = StepObserved(
+            loss=mean_loss,
+            local_loss=float(local),
+            grad_norm=grad_norm,
+            lr=lr,
+            loss_scale=loss_scale,
+            tokens=self.loader.tokens_per_step(),
+            step_time=time.perf_counter() - t0,
+            skipped=skip,
+            docs=counters.docs,
+            contaminated_docs=counters.contaminated_docs,
+        )
+        return StepResult(observed, claims, preempted)
 
     def _agree(self, local_loss: torch.Tensor, grads_finite: bool) -> tuple[float, bool, bool]:
         """Mean loss over ranks, whether every rank's loss and gradients are finite, and

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from faults import FaultPlan
 from harness.agent import Agent
+from harness.events import Detected, RankLost, Recovered, Restart
 from harness.run_layout import RunLayout
 from reference_trainer import checkpoint as ckpt
 from reference_trainer import distributed
@@ -242,17 +243,14 @@ class Run:
             config=cfg.to_dict(),
         )
         if topo.restart:
-            agent.claim("restart", count=topo.restart, reason="launcher restarted the workers")
+            agent.claim(Restart(count=topo.restart, reason="launcher restarted the workers"))
             if topo.is_main:
                 for rank in lost_ranks(self.run_dir, topo.restart - 1):
-                    agent.claim(
-                        "rank_lost",
-                        lost_rank=rank,
-                        reason=f"its process ended without a run_end in attempt {topo.restart - 1}",
-                    )
+                    why = f"its process ended without a run_end in attempt {topo.restart - 1}"
+                    agent.claim(RankLost(lost_rank=rank, reason=why))
         if topo.join_retries:
             agent.claim(
-                "recovered", action="rejoin_retry", details={"failed_tries": topo.join_retries}
+                Recovered(action="rejoin_retry", details={"failed_tries": topo.join_retries})
             )
         step = 0
         status, reason, loss = "failed", "interrupted", math.nan
@@ -289,10 +287,10 @@ class Run:
         step += 1
         while step <= last:
             result = self.trainer.step(step)
-            loss = float(result.observations["loss"])
-            agent.observe_step(**result.observations)
-            for kind, fields in result.claims:
-                agent.claim(kind, **fields)
+            loss = result.observed.loss
+            agent.observe_step(result.observed)
+            for claim in result.claims:
+                agent.claim(claim)
             failure = self._failure(step, result.skipped, loss)
             if failure is not None and cfg.stability.recovery.enabled:
                 resumed = self._recover_or_give_up(failure)
@@ -330,11 +328,11 @@ class Run:
             agent.end_step()
             self._beat(step)
             if step % cfg.log_every == 0 or step == last:
-                obs = result.observations
+                obs = result.observed
                 _print(
                     self.topo,
-                    f"step {step:>6}/{cfg.steps}  loss {loss:8.4f}  lr {obs['lr']:.2e}  "
-                    f"{obs['step_time'] * 1e3:7.1f} ms/step",
+                    f"step {step:>6}/{cfg.steps}  loss {loss:8.4f}  lr {obs.lr:.2e}  "
+                    f"{obs.step_time * 1e3:7.1f} ms/step",
                 )
             step += 1
         done = step - 1
@@ -360,7 +358,7 @@ class Run:
             return None
         claims = self.spikes.observe(step, loss)
         for claim in claims:
-            self.agent.claim("detected", detector=claim.detector, details=claim.details)
+            self.agent.claim(Detected(detector=claim.detector, details=claim.details))
         if self.spikes.acting(claims):
             return Failure(step, "loss_spike", {"loss": loss})
         return None
@@ -375,11 +373,8 @@ class Run:
             try:
                 return self._recover(decision)
             except CheckpointError as exc:  # nothing to roll back to at this level
-                self.agent.claim(
-                    "detected",
-                    detector="recovery_failed",
-                    details={"level": decision.level, "reason": str(exc)},
-                )
+                details = {"level": decision.level, "reason": str(exc)}
+                self.agent.claim(Detected(detector="recovery_failed", details=details))
 
     def _recover(self, decision: Decision) -> int:
         """Carry out a recovery decision; returns the step training continues after."""
@@ -411,7 +406,7 @@ class Run:
             self.trainer.force_fp32()
             details["precision"] = "fp32"
         self.skips = 0
-        self.agent.claim("recovered", action=decision.action, details=details)
+        self.agent.claim(Recovered(action=decision.action, details=details))
         _print(
             self.topo,
             f"recovery level {decision.level} ({decision.action}): "
@@ -434,11 +429,8 @@ class Run:
     def _give_up(self, decision: Decision) -> None:
         if self.topo.is_main:
             RunLayout(self.run_dir).diagnosis.write_text(self.policy.diagnosis())
-        self.agent.claim(
-            "detected",
-            detector="recovery_exhausted",
-            details={"failure": decision.failure.reason, "step": decision.failure.step},
-        )
+        details = {"failure": decision.failure.reason, "step": decision.failure.step}
+        self.agent.claim(Detected(detector="recovery_exhausted", details=details))
         _print(
             self.topo,
             f"recovery exhausted at step {decision.failure.step}; "

@@ -117,12 +117,13 @@ SELF_KILL = """
 import sys
 from faults import FaultPlan
 from harness.agent import Agent
+from harness.events import StepObserved
 plan = FaultPlan.from_dict({"faults": [{"kind": "kill", "at_step": 2}]})
 agent = Agent(sys.argv[1], plan=plan, control=False)
 agent.start(0)
 for step in (1, 2, 3):
     agent.begin_step(step)
-    agent.observe_step(loss=1.0)
+    agent.observe_step(StepObserved(loss=1.0))
     agent.end_step()
 print("survived")
 """

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.events import Reported
 from reference_trainer import checkpoint as files
 from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
 from reference_trainer.errors import CheckpointError
@@ -33,8 +34,8 @@ class Journal:
     def __init__(self) -> None:
         self.claims: list[tuple[str, dict[str, Any]]] = []
 
-    def __call__(self, kind: str, /, **fields: Any) -> None:
-        self.claims.append((kind, fields))
+    def __call__(self, claim: Reported, step: int | None = None) -> None:
+        self.claims.append((claim.kind, claim.fields()))
 
     def kinds(self) -> list[str]:
         return [k for k, _ in self.claims]

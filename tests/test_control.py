@@ -17,6 +17,7 @@ import torch
 from faults import FaultSpecError
 from harness.agent import Agent
 from harness.control import (
+    Answer,
     ControlChannel,
     ControlError,
     ensure_secret,
@@ -108,7 +109,7 @@ def test_the_agent_arms_a_command_for_the_asked_step(tmp_path: Path) -> None:
         agent.end_step()
     agent.close("completed")
     answer = wait_for_answer(tmp_path, command.id, timeout=1)
-    assert answer == {"id": command.id, "step": 1, "accepted": True, "effective_step": 3}
+    assert answer == Answer(command.id, step=1, accepted=True, effective_step=3)
     assert nan_steps == [3]
     (event,) = read_journal(tmp_path).of_kind("command")
     assert event["effective_step"] == 3 and event.step == 1
