@@ -18,10 +18,10 @@ A trainer with files of its own (``snapshot.pt``, ``ckpt/epoch-3.pt``) is reache
 the fault waits, from its trigger step on, for the trainer to save a matching file (as
 the agent observes saves) and damages that file when the next step begins.
 
-Every injector has ``apply(run_dir, cwd, checkpoints)`` for direct use; ``end_step`` calls it, and the agent
-calls ``end_step`` after the step's checkpoint save. Every target is checked before the
-first byte is written, so an `InjectionError` leaves the tree as it was. Writes are real:
-opened ``r+b``, written, flushed and fsynced.
+Every injector has ``apply(run_dir, cwd, checkpoints)`` for direct use; ``end_step`` calls
+it, and the agent calls ``end_step`` after the step's checkpoint save. Every target is
+checked before the first byte is written, so an `InjectionError` leaves the tree as it was.
+Writes are real: opened ``r+b``, written, flushed and fsynced.
 """
 
 from __future__ import annotations

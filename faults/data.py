@@ -13,9 +13,9 @@ from 1) has index ``-k`` and says what it is in ``contamination_of`` (the origin
 and ``contamination_kind`` ("exact" or "near"), so a test or an analysis can find them.
 
 The kind's ``reach`` is ``documents``: the agent hands the trainer the injector's
-``wrap_documents`` for the stream it sets up at start. The spec's trigger fields are
-required by `FaultSpec` but the stream does not read them: it is contaminated from its
-first document (give ``at_step: 1``).
+``wrap_documents`` for the stream it sets up at start. The stream is contaminated from its
+first document, so the only trigger the kind takes is ``at_step`` (give ``at_step: 1``);
+``every``, ``probability`` and ``after_seconds`` are refused.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from faults.injector import Injector
-from faults.spec import FaultClass, FaultSpec, Reach, seeded
+from faults.spec import FaultClass, FaultSpec, Reach, Trigger, seeded
 
 KIND = "duplicate_contamination"
 _BLOCK = 1024  # slot decisions are drawn this many at a time (one seeded RNG per block)
@@ -45,6 +45,8 @@ class DuplicateContaminationSpec(FaultSpec):
     description: ClassVar[str] = "Inject exact and near-duplicate copies of training documents."
     fault_class: ClassVar[FaultClass] = "data"
     reach: ClassVar[Reach] = "documents"
+    #: The stream is contaminated from its first document; no other trigger means anything.
+    triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
     rate: float = Field(
         ge=0.001, le=0.05, description="Share of yielded documents that are injected copies."

@@ -181,3 +181,12 @@ def test_step_hooks_do_nothing_and_wrap_documents_builds_the_stream(docs: list[D
     assert injector.end_step(StepContext(step=1, rank=0, world_size=1)) == []
     out = list(itertools.islice(injector.wrap_documents(docs), 100))
     assert out == list(itertools.islice(ContaminatedStream(injector.spec, iter(docs)), 100))
+
+
+@pytest.mark.parametrize(
+    "when", [{"every": 3}, {"probability": 0.5}, {"after_seconds": 2.0}, {"at_step": 1, "every": 2}]
+)
+def test_a_trigger_the_stream_cannot_honour_is_refused_naming_it(when: dict[str, Any]) -> None:
+    field = next(k for k in when if k != "at_step")
+    with pytest.raises(FaultSpecError, match=rf"plan\.faults\[0\]\.{field}: .*honours at_step"):
+        parse_fault({"kind": "duplicate_contamination", **when}, "plan.faults[0]")
