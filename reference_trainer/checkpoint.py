@@ -129,7 +129,11 @@ def publish(tmp: Path, final: Path) -> None:
 
 
 def write_latest(root: Path, name: str) -> None:
-    """Replace the ``latest`` pointer atomically."""
+    """Replace the ``latest`` pointer atomically (a directory in its place, which no save
+    of ours writes, is removed first: a rename cannot replace one)."""
+    pointer = root / LATEST
+    if pointer.is_dir() and not pointer.is_symlink():
+        shutil.rmtree(pointer)
     tmp = root / f".{LATEST}.tmp"
     with open(tmp, "w") as f:
         f.write(name + "\n")

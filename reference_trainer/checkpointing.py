@@ -220,15 +220,6 @@ class CheckpointManager:
         """The full state of one checkpoint, verified against its manifest when asked."""
         return self._read(path, verify=self.config.integrity)
 
-    def check(self, path: Path) -> dict[str, Any]:
-        """The manifest of ``path`` once the checkpoint has proved to be this run's, at its
-        name's step, with every file of it and of its parent intact; the state itself is
-        not read (`load` does that). A `CheckpointError` says why not."""
-        manifest = self._checked(path)
-        if manifest["kind"] == "delta":
-            self._checked_parent(path, manifest)
-        return manifest
-
     def _checked(self, path: Path) -> dict[str, Any]:
         manifest = read_manifest(path)
         check_identity(path, manifest, self.run_id)

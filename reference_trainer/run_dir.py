@@ -42,22 +42,23 @@ def check_run(run_dir: Path) -> None:
 
 def check_resumable(run_dir: Path, *, integrity: bool = True) -> Path | None:
     """The checkpoint a resume starts from: the newest that proves to be this run's, at
-    its name's step, intact (``latest`` is only a hint). None when the run never finished a
-    checkpoint: it starts over from step 0. An error when checkpoints exist but none is
-    usable. Without ``integrity`` the one ``latest`` names is taken on trust, as the
-    trainer will."""
+    its name's step, intact, state and all (``latest`` is only a hint). None when the run
+    never finished a checkpoint: it starts over from step 0. An error when checkpoints
+    exist but none is usable. Without ``integrity`` the one ``latest`` names is taken on
+    trust, as the trainer will."""
     if not run_dir.is_dir():
         raise RunDirError(f"--resume: run dir {run_dir} does not exist")
     found = complete_checkpoints(run_dir)
     if not found:
         return None
+    reasons: list[str] = []
     manager = CheckpointManager(
         run_dir,
         CheckpointConfig(integrity=integrity),
         rank=0,
         keep=len(found),
         barrier=lambda: None,
-        claim=lambda kind, **fields: None,
+        claim=lambda rejected, step=None: reasons.append(rejected.reason),
     )
     if not integrity:
         return manager.candidates()[0]
@@ -65,13 +66,12 @@ def check_resumable(run_dir: Path, *, integrity: bool = True) -> Path | None:
         read_run_id(run_dir)
     except CheckpointError as exc:
         raise RunDirError(f"--resume: {exc}") from None
-    reasons = []
-    for path in reversed(found):
-        try:
-            manager.check(path)
-        except CheckpointError as exc:
-            reasons.append(str(exc))
-            continue
+    try:
+        # The very load the trainer will make, so the step named here is the one it resumes.
+        path, _ = manager.load_valid()
+    except CheckpointError:
+        pass
+    else:
         return path
     shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
     raise RunDirError(

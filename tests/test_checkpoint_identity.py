@@ -104,6 +104,9 @@ def edit_manifest(directory: Path, change: Any) -> None:
         (lambda m: m.update(format=1), "not a format-2 manifest"),
         (lambda m: m.update(files={}), "lists no files"),
         (lambda m: m["files"].update({"../x": m["files"]["delta.bin"]}), "not a plain file"),
+        # Files intact, a tensor's digest changed: only a full load can tell, and the check
+        # before resuming makes it, so it names the step the load really starts from.
+        (lambda m: m["tensors"]["model.w"].update(sha256="0" * 64), "does not match the manifest"),
     ],
 )
 def test_every_manifest_field_is_checked_before_use(
@@ -147,6 +150,8 @@ def test_resume_ignores_latest_in_any_form(tmp_path: Path, form: str) -> None:
         os.mkfifo(pointer)
     name, state, reasons = resumed(tmp_path)
     assert name == "step-00000030" and state["step"] == 30 and not reasons
+    manager(tmp_path).save(40, _state(40))  # the next save puts a pointer back
+    assert files.latest_hint(tmp_path) == "step-00000040"
 
 
 def test_no_valid_checkpoint_is_a_refusal_naming_each(tmp_path: Path) -> None:
