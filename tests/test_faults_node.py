@@ -88,9 +88,9 @@ scenarios:
     ]
 
 
-def test_every_other_kind_honours_every_trigger() -> None:
+def test_every_step_kind_honours_every_trigger() -> None:
     for kind in kinds().values():
-        if kind.spec.reach != "node":
+        if kind.spec.reach == "step":
             assert kind.spec.triggers == ("at_step", "every", "probability", "after_seconds")
     spec = parse_fault({"kind": "nan_grad", "every": 3})
     assert spec.target_node() is None
