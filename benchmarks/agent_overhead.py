@@ -13,7 +13,7 @@ and in collectives, against the bare trainer measured in the same command, besid
    armed): what dominates, and ``x bare (in hooks)``, the step over the step less that time,
    an estimate that other load moves far less than the round ratios.
 2. Start-up: wall time of a tiny script (import torch, build a model, one step) run plainly
-   (baseline) and under ``python -m harness.cli exec`` (the zero-code attach), interleaved,
+   (baseline) and under ``python -m harness exec`` (the zero-code attach), interleaved,
    plus the launcher alone (``exec -- true``) to split where the added time goes. Target:
    added <= 0.5 s.
 3. Two ranks: a small DDP loop under torchrun (gloo), bare (baseline) and attached
@@ -61,8 +61,8 @@ from rich.table import Table
 from torch import nn
 
 from faults import FaultPlan
-from harness.attach import CHECK_EVERY, AttachedAgent, attach
-from harness.journal import read_journal
+from harness.inside.attach import CHECK_EVERY, AttachedAgent, attach
+from harness.records.journal import read_journal
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks/results/agent_overhead.json"
@@ -159,7 +159,7 @@ class Variant:
 
 
 class Attached(Variant):
-    """The agent attached for each round (``harness.attach``), closed after it."""
+    """The agent attached for each round (``harness.inside.attach``), closed after it."""
 
     def __init__(
         self,
@@ -409,16 +409,16 @@ def judge(steps: dict[str, Any], parts: dict[str, dict[str, Any]] | None) -> Non
 #: The agent's hook entry points (top level) and parts inside them, timed by `breakdown`;
 #: a name that no longer exists is left out of the table.
 BREAKDOWN = (
-    ("harness.attach", "AttachedAgent.on_forward", 0),
-    ("harness.step_evidence", "ParamSample.take", 1),
-    ("harness.agent", "Agent.begin_step", 1),
-    ("harness.attach", "AttachedAgent.before_backward", 0),
-    ("harness.attach", "AttachedAgent.after_backward", 0),
-    ("harness.step_evidence", "GradMark.of", 1),
-    ("harness.attach", "AttachedAgent.on_step_begin", 0),
-    ("harness.attach", "AttachedAgent.on_step_end", 0),
-    ("harness.agent", "params_finite", 1),
-    ("harness.journal", "JournalWriter.emit", 1),
+    ("harness.inside.attach", "AttachedAgent.on_forward", 0),
+    ("harness.inside.step_evidence", "ParamSample.take", 1),
+    ("harness.inside.agent", "Agent.begin_step", 1),
+    ("harness.inside.attach", "AttachedAgent.before_backward", 0),
+    ("harness.inside.attach", "AttachedAgent.after_backward", 0),
+    ("harness.inside.step_evidence", "GradMark.of", 1),
+    ("harness.inside.attach", "AttachedAgent.on_step_begin", 0),
+    ("harness.inside.attach", "AttachedAgent.on_step_end", 0),
+    ("harness.inside.agent", "params_finite", 1),
+    ("harness.records.journal", "JournalWriter.emit", 1),
 )
 
 
@@ -508,7 +508,7 @@ def measure_startup(runs: int) -> dict[str, Any]:
 
         def exec_cmd(run_dir: str, *command: str) -> list[str]:
             run = str(Path(tmp) / run_dir)
-            return [py, "-m", "harness.cli", "exec", "--run-dir", run, "--", *command]
+            return [py, "-m", "harness", "exec", "--run-dir", run, "--", *command]
 
         commands: dict[str, Callable[[int], list[str]]] = {
             "plain": lambda i: [py, "-c", TINY],

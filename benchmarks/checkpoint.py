@@ -34,10 +34,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from harness.journal import read_journal
-from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
+from harness.records.journal import read_journal
+from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
+from reference_trainer.checkpoints.manifest import describe_tensors, read_manifest
 from reference_trainer.config import preset
-from reference_trainer.manifest import describe_tensors, read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: (ours, baseline) keys of a checkpoint row that make a ratio.

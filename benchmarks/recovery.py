@@ -29,9 +29,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harness.journal import Journal, read_journal
-from harness.runner import RunOptions, run_suite
-from harness.suite_loader import parse_suite
+from harness.records.journal import Journal, read_journal
+from harness.running.runner import RunOptions, run_suite
+from harness.suites.suite_loader import parse_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]

@@ -41,7 +41,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/suite_time.json")
     args = parser.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    tightrope = [sys.executable, "-m", "harness.cli"]
+    tightrope = [sys.executable, "-m", "harness"]
     rows: list[dict[str, Any]] = []
     failed = False
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:

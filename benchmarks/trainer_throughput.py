@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.errors import JournalError
-from harness.journal import read_journal
+from harness.records.journal import read_journal
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("benchmarks/results/trainer_throughput.json")

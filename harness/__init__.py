@@ -7,21 +7,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import JournalError, TightropeError
-from harness.journal import Event, Journal, JournalWriter, read_journal
+from harness.records.journal import Event, Journal, JournalWriter, read_journal
 
 __all__ = ["Event", "Journal", "JournalError", "JournalWriter", "TightropeError", "read_journal"]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from harness.attach import attach as attach
-    from harness.attach import claim as claim
+    from harness.inside.attach import attach as attach
+    from harness.inside.attach import claim as claim
 
 
 def __getattr__(name: str) -> Any:
     """``harness.attach`` and ``harness.claim``, imported on first use (they need torch)."""
     if name in ("attach", "claim"):
-        # By its module's name: `harness.attach` may already be the function.
-        module = importlib.import_module("harness.attach")
+        # From the module `harness.inside.attach`; cached here as the functions.
+        module = importlib.import_module("harness.inside.attach")
         value = getattr(module, name)
         globals()[name] = value  # the function, not the submodule of the same name
         return value

@@ -10,7 +10,7 @@ where a thing lives, so the layout below is written down once::
     RUN_DIR/journal/rank-R.jsonl       what each rank saw (docs/journal.md)
     RUN_DIR/checkpoints/               step-NNNNNNNN/ folders and the `latest` hint
     RUN_DIR/heartbeats/rank-R.json     each rank's last step, for its hang monitor
-    RUN_DIR/control/                   the live-control channel (harness/control.py)
+    RUN_DIR/control/                   the live-control channel (harness/live/control.py)
     RUN_DIR/diagnosis.md               why recovery gave up, when it did
     RUN_DIR/plan.yaml                  the fault plan the runner handed the trainer
     RUN_DIR/trainer.log                the trainer's output, as the runner captured it

@@ -17,12 +17,12 @@ from typing import NoReturn
 from faults import FaultPlan
 from harness.errors import TightropeError
 from harness.mechanisms import TRAINER_MECHANISMS
-from reference_trainer.checkpoint import checkpoint_step, complete_checkpoints
+from reference_trainer.checkpoints.files import checkpoint_step, complete_checkpoints
+from reference_trainer.checkpoints.run_dir import check_resumable, check_run
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError
-from reference_trainer.preemption import EXIT_PREEMPTED
-from reference_trainer.run_dir import check_resumable, check_run
-from reference_trainer.stability import StabilityConfig
+from reference_trainer.processes.preemption import EXIT_PREEMPTED
+from reference_trainer.stability.mechanisms import StabilityConfig
 
 PROG = "reference_trainer"
 #: Flags a resumed run may change; every other flag must match the saved configuration.

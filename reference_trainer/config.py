@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.run_layout import RunLayout
-from reference_trainer.corpus import SOURCE_NAMES
 from reference_trainer.errors import ConfigError
-from reference_trainer.model import GPTConfig
-from reference_trainer.stability import StabilityConfig
+from reference_trainer.model_and_data.corpus import SOURCE_NAMES
+from reference_trainer.model_and_data.model import GPTConfig
+from reference_trainer.stability.mechanisms import StabilityConfig
 
 T = TypeVar("T")
 

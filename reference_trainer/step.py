@@ -19,17 +19,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.agent import Agent
-from harness.events import Claim, Detected, Recovered, StepObserved
-from reference_trainer.clipping import clip_gradients, clip_threshold
+from harness.inside.agent import Agent
+from harness.records.events import Claim, Detected, Recovered, StepObserved
 from reference_trainer.config import TrainConfig
-from reference_trainer.data import DocumentPipeline, ShardedLoader, TokenStream
-from reference_trainer.distributed import Topology
-from reference_trainer.loss_scale import DynamicLossScaler
-from reference_trainer.model import GPT, next_token_loss
-from reference_trainer.optim import layer_of, lr_at
-from reference_trainer.precision import Precision
-from reference_trainer.precision_switch import ActivationMonitor
+from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
+from reference_trainer.model_and_data.model import GPT, next_token_loss
+from reference_trainer.model_and_data.optim import layer_of, lr_at
+from reference_trainer.processes.distributed import Topology
+from reference_trainer.stability.clipping import clip_gradients, clip_threshold
+from reference_trainer.stability.loss_scale import DynamicLossScaler
+from reference_trainer.stability.precision import Precision
+from reference_trainer.stability.precision_switch import ActivationMonitor
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,30 +15,39 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from faults import FaultPlan
-from harness.agent import Agent
-from harness.events import Detected, RankLost, Recovered, Restart
+from harness.inside.agent import Agent
+from harness.records.events import Detected, RankLost, Recovered, Restart
 from harness.run_layout import RunLayout
-from reference_trainer import checkpoint as ckpt
-from reference_trainer import distributed
-from reference_trainer.checkpointing import CheckpointManager
+from reference_trainer.checkpoints import files as ckpt
+from reference_trainer.checkpoints.manager import CheckpointManager
+from reference_trainer.checkpoints.run_dir import check_fresh, check_resumable, lost_ranks
 from reference_trainer.config import TrainConfig
-from reference_trainer.corpus import Corpus
-from reference_trainer.data import DocumentPipeline, ShardedLoader, TokenLayout, TokenStream
-from reference_trainer.dedup import DuplicateFilter
-from reference_trainer.distributed import Topology
 from reference_trainer.errors import CheckpointError
-from reference_trainer.loss_scale import DynamicLossScaler
-from reference_trainer.loss_spikes import SpikeMonitor
-from reference_trainer.model import GPT, Block
-from reference_trainer.optim import build_optimizer, peak_lr
-from reference_trainer.precision import Precision
-from reference_trainer.precision_switch import ActivationMonitor
-from reference_trainer.preemption import Preemption, journal_preemption
-from reference_trainer.recovery import Decision, Failure, RecoveryPolicy
-from reference_trainer.run_dir import check_fresh, check_resumable, lost_ranks
+from reference_trainer.model_and_data.corpus import Corpus
+from reference_trainer.model_and_data.data import (
+    DocumentPipeline,
+    ShardedLoader,
+    TokenLayout,
+    TokenStream,
+)
+from reference_trainer.model_and_data.dedup import DuplicateFilter
+from reference_trainer.model_and_data.model import GPT, Block
+from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
+from reference_trainer.model_and_data.tokenizer import (
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+)
+from reference_trainer.processes import distributed
+from reference_trainer.processes.distributed import Topology
+from reference_trainer.processes.preemption import Preemption, journal_preemption
+from reference_trainer.processes.watchdog import Heartbeat
+from reference_trainer.stability.loss_scale import DynamicLossScaler
+from reference_trainer.stability.loss_spikes import SpikeMonitor
+from reference_trainer.stability.precision import Precision
+from reference_trainer.stability.precision_switch import ActivationMonitor
+from reference_trainer.stability.recovery import Decision, Failure, RecoveryPolicy
 from reference_trainer.step import Trainer
-from reference_trainer.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
-from reference_trainer.watchdog import Heartbeat
 
 
 @dataclass(frozen=True, slots=True)

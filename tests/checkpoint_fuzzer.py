@@ -41,10 +41,10 @@ from typing import Any, Literal, get_args
 import torch
 
 from harness.errors import TightropeError
-from harness.journal import read_journal
-from reference_trainer.checkpoint import CHECKPOINT_DIR, load_rng
-from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
-from reference_trainer.run_dir import check_resumable
+from harness.records.journal import read_journal
+from reference_trainer.checkpoints.files import CHECKPOINT_DIR, load_rng
+from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
+from reference_trainer.checkpoints.run_dir import check_resumable
 from tests.checkpoint_mutations import MUTATIONS, Target
 
 ROOT = Path(__file__).resolve().parent.parent

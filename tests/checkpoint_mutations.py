@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.checkpoint import CHECKPOINT_DIR, LATEST, checkpoint_name
-from reference_trainer.manifest import MANIFEST
+from reference_trainer.checkpoints.files import CHECKPOINT_DIR, LATEST, checkpoint_name
+from reference_trainer.checkpoints.manifest import MANIFEST
 
 PAGE = 4096
 #: Size of the "very large" ``latest``: sparse, so it costs no disk, only a reader's time.

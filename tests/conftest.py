@@ -73,7 +73,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when a process it started is still there (stopped ones too), after
     killing it: a trainer, monitor or torchrun left running is a bug of a test or of the
     harness's clean-up."""
-    from harness.process_tree import _signal
+    from harness.running.process_tree import _signal
 
     mark = os.environ.get(SESSION_MARK)
     if not mark:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.journal import JournalWriter, read_journal
-from harness.verdict import Evidence
+from harness.oracles.verdict import Evidence
+from harness.records.journal import JournalWriter, read_journal
 
 TARGET = 30
 

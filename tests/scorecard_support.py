@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from harness.journal import JournalWriter
-from harness.results import ScenarioResult, SuiteResult
-from harness.verdict import Check
+from harness.oracles.verdict import Check
+from harness.records.journal import JournalWriter
+from harness.running.results import ScenarioResult, SuiteResult
 
 #: What the failing check measured: the tests look for it in every rendering.
 FAILED_FIGURE = 12

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from faults import FaultPlan
-from harness.journal import Journal, read_journal
+from harness.records.journal import Journal, read_journal
 from reference_trainer.config import TrainConfig, preset
-from reference_trainer.stability import StabilityConfig
+from reference_trainer.stability.mechanisms import StabilityConfig
 from reference_trainer.train import RunResult, train
 
 

@@ -14,8 +14,8 @@ import torch
 
 from faults import FaultPlan, FaultSpecError
 from faults.data import ContaminatedStream
-from harness.agent import Agent
-from harness.journal import read_journal
+from harness.inside.agent import Agent
+from harness.records.journal import read_journal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,8 +116,8 @@ def test_no_stream_fault_no_wrapper_and_two_are_refused(tmp_path: Path) -> None:
 SELF_KILL = """
 import sys
 from faults import FaultPlan
-from harness.agent import Agent
-from harness.events import StepObserved
+from harness.inside.agent import Agent
+from harness.records.events import StepObserved
 plan = FaultPlan.from_dict({"faults": [{"kind": "kill", "at_step": 2}]})
 agent = Agent(sys.argv[1], plan=plan, control=False)
 agent.start(0)
@@ -147,7 +147,7 @@ def test_a_fault_that_kills_its_own_process_is_journaled_first(tmp_path: Path) -
 
 
 def test_params_finite_tells_nan_and_inf_from_huge_finite_weights() -> None:
-    from harness.step_evidence import params_finite
+    from harness.inside.step_evidence import params_finite
 
     model = torch.nn.Linear(4, 4)
     assert params_finite(model)

@@ -14,8 +14,8 @@ import torch
 
 import harness
 from faults import FaultPlan
-from harness.cli import main as tightrope
-from harness.journal import Journal, read_journal
+from harness.commands.main import main as tightrope
+from harness.records.journal import Journal, read_journal
 
 from .plain_train import VOCAB, Net
 
@@ -126,7 +126,7 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
 def exec_cmd(run_dir: Path, plan: Path | None) -> list[str]:
     """``tightrope exec`` with this interpreter."""
     planned = ["--plan", str(plan)] if plan is not None else []
-    return [sys.executable, "-m", "harness.cli", "exec", "--run-dir", str(run_dir), *planned, "--"]
+    return [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), *planned, "--"]
 
 
 @pytest.fixture(scope="module")

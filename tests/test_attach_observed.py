@@ -17,7 +17,7 @@ from torch import nn
 
 import harness
 from faults import FaultPlan
-from harness.journal import Journal, read_journal
+from harness.records.journal import Journal, read_journal
 
 from .plain_train import VOCAB, Net
 
@@ -248,7 +248,7 @@ def test_a_trainer_may_claim_a_detection_and_it_counts_with_a_deed_behind_it(
     tmp_path: Path,
 ) -> None:
     from harness.oracles.detection import DetectedOracle
-    from harness.verdict import Evidence
+    from harness.oracles.verdict import Evidence
 
     def claims_and_skips(model: nn.Module, opt: torch.optim.Optimizer) -> None:
         for i in range(5):

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from harness.events import Reported
-from reference_trainer import checkpoint as files
-from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
+from harness.records.events import Reported
+from reference_trainer.checkpoints import files
+from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
 from reference_trainer.errors import CheckpointError
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_trainer.checkpointing import CheckpointConfig
+from reference_trainer.checkpoints.manager import CheckpointConfig
 from tests.checkpoint_fuzzer import (
     FAILURES,
     Pristine,

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from reference_trainer import checkpoint as files
+from reference_trainer.checkpoints import files
+from reference_trainer.checkpoints.run_dir import check_resumable
 from reference_trainer.errors import CheckpointError, RunDirError
-from reference_trainer.run_dir import check_resumable
 
 from .test_checkpoint import Journal, _state, assert_same, manager
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main as tightrope
-from harness.journal import read_journal
+from harness.commands.main import main as tightrope
+from harness.records.journal import read_journal
 from reference_trainer.cli import main as trainer
 
 from .conftest import run_module
@@ -220,3 +220,13 @@ def test_tightrope_summary_of_a_dir_without_journal(
 ) -> None:
     assert tightrope(["summary", str(tmp_path)]) == 2
     assert "no journal in" in one_error_line(capsys)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `| head -1` does once it has its line
+    with open(write_end, "w", buffering=1) as gone:
+        monkeypatch.setattr("sys.stdout", gone)
+        assert tightrope(["faults"]) == 141

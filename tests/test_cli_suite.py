@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main as tightrope
+from harness.commands.main import main as tightrope
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = f"{sys.executable} {ROOT / 'tests' / 'plain_train.py'} --steps {{steps}}"
@@ -152,7 +152,7 @@ def test_sigterm_ends_a_run_within_seconds_with_a_partial_scorecard(tmp_path: Pa
     path.write_text(f"suite: slow\nscenarios:\n{scenarios}")
     out = tmp_path / "card"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "run", str(path), "--scorecard", str(out),
+        [sys.executable, "-m", "harness", "run", str(path), "--scorecard", str(out),
          "--cores", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from reference_trainer.clipping import ClipConfig, clip_gradients, clip_threshold
 from reference_trainer.errors import ConfigError
+from reference_trainer.stability.clipping import ClipConfig, clip_gradients, clip_threshold
 
 
 def _layers(scale: float) -> dict[str, list[torch.nn.Parameter]]:

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from faults import FaultSpecError
-from harness.agent import Agent
-from harness.control import (
+from harness.inside.agent import Agent
+from harness.live.control import (
     Answer,
     ControlChannel,
     ControlError,
@@ -26,7 +26,7 @@ from harness.control import (
     send,
     wait_for_answer,
 )
-from harness.journal import read_journal
+from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
 
 from .conftest import ROOT
@@ -134,7 +134,7 @@ def test_live_injection_into_a_running_two_rank_job(tmp_path: Path) -> None:
                 break
             time.sleep(0.2)
         inject = subprocess.run(
-            [sys.executable, "-m", "harness.cli", "inject", str(tmp_path), "nan_grad",
+            [sys.executable, "-m", "harness", "inject", str(tmp_path), "nan_grad",
              "--rank", "1", "--in-steps", "3", "target=blocks.0.*"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
@@ -171,7 +171,7 @@ def test_a_replayed_or_stale_command_is_refused(tmp_path: Path) -> None:
     path = inbox / f"{old.id}.json"
     message = json.loads(path.read_text())
     key = read_secret(tmp_path)
-    from harness.control import _mac
+    from harness.live.control import _mac
 
     message["command"]["issued"] -= 3600  # an hour old, signed as such
     message["mac"] = _mac(key, message["command"])
@@ -195,7 +195,7 @@ def test_nothing_in_the_inbox_ends_the_job(tmp_path: Path) -> None:
 def test_inject_parameters_that_are_no_yaml_scalar_are_one_line_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli import main as tightrope
+    from harness.commands.main import main as tightrope
 
     ensure_secret(tmp_path)
     # Not YAML: taken as the text it is, which a fraction is not.

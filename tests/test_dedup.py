@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reference_trainer.corpus import Corpus
-from reference_trainer.dedup import DedupConfig, DedupVerdict, DuplicateFilter
+from reference_trainer.model_and_data.corpus import Corpus
+from reference_trainer.model_and_data.dedup import DedupConfig, DedupVerdict, DuplicateFilter
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = {"technical_docs": 1, "social_chatter": 1, "product_reviews": 1, "code": 1}
@@ -206,8 +206,8 @@ def test_restored_filter_continues_like_an_uninterrupted_one(natural: list[str])
 
 _SIGNATURE_SCRIPT = """
 import hashlib, sys
-from reference_trainer.corpus import Corpus
-from reference_trainer.dedup import DedupConfig, DuplicateFilter
+from reference_trainer.model_and_data.corpus import Corpus
+from reference_trainer.model_and_data.dedup import DedupConfig, DuplicateFilter
 corpus = Corpus({"technical_docs": 1, "social_chatter": 1, "product_reviews": 1, "code": 1}, 0)
 dedup = DuplicateFilter(DedupConfig(seed=int(sys.argv[1])))
 dedup.check_batch([(i, corpus.document(i).text) for i in range(50)])

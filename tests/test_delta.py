@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from reference_trainer.delta import (
+from reference_trainer.checkpoints.delta import (
     MAGIC,
     DeltaBlob,
     DeltaError,
@@ -345,7 +345,7 @@ def test_pickle_is_not_a_delta(states: dict[int, dict[str, Any]], tmp_path: Path
     torch.save(states[3], tmp_path / "state.pt")
     with pytest.raises(DeltaError, match="magic"):
         DeltaBlob.from_bytes((tmp_path / "state.pt").read_bytes())
-    source = Path(__file__).parent.parent / "reference_trainer" / "delta.py"
+    source = Path(__file__).parent.parent / "reference_trainer" / "checkpoints" / "delta.py"
     code = source.read_text()
     assert "import pickle" not in code and "torch.load" not in code
 

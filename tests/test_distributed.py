@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.journal import read_journal
+from harness.records.journal import read_journal
 
 from .conftest import run_module, torchrun
 from .test_trainer import assert_same_tensors, final_state

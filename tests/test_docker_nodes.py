@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.docker_errors import DockerError, DockerSdkMissing, DockerUnavailable
-from harness.journal import read_journal
+from harness.docker.errors import DockerError, DockerSdkMissing, DockerUnavailable
+from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
 
 try:
-    from harness.docker_faults import node_fault
-    from harness.docker_nodes import (
+    from harness.docker.faults import node_fault
+    from harness.docker.nodes import (
         RUN_LABEL,
         DockerCluster,
         NodeVanished,

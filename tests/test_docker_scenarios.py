@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.docker_errors import DockerUnavailable
-from harness.docker_image import connect
-from harness.journal import read_journal
-from harness.results import ScenarioResult
-from harness.runner import RunOptions, run_suite
-from harness.suite_loader import load_suite, parse_suite
+from harness.docker.errors import DockerUnavailable
+from harness.docker.image import connect
+from harness.records.journal import read_journal
+from harness.running.results import ScenarioResult
+from harness.running.runner import RunOptions, run_suite
+from harness.suites.suite_loader import load_suite, parse_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

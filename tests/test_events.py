@@ -10,9 +10,9 @@ from dataclasses import MISSING
 
 import pytest
 
-from harness import events
-from harness.events import OMIT, CheckpointSaved, Detected, StepObserved
-from harness.journal_schema import COMMON_FIELDS, EVENT_KINDS
+from harness.records import events
+from harness.records.events import OMIT, CheckpointSaved, Detected, StepObserved
+from harness.records.journal_schema import COMMON_FIELDS, EVENT_KINDS
 
 _JSON = {"str": str, "int": int, "float": float, "bool": bool, "object": dict}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main as tightrope
+from harness.commands.main import main as tightrope
 
 from .conftest import ROOT
 
@@ -98,7 +98,7 @@ def test_a_timeout_must_be_positive(
 
 def test_sigterm_to_exec_reaches_the_command_group(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
-    cli = [sys.executable, "-m", "harness.cli", "exec", "--run-dir", str(tmp_path / "run")]
+    cli = [sys.executable, "-m", "harness", "exec", "--run-dir", str(tmp_path / "run")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [*cli, "--timeout", "60", "--", sys.executable, "-c", SLEEPER, str(pids)],

@@ -1,6 +1,6 @@
 """Every fault kind is complete: a class and a place to act, a strategy that draws it, a
 row in the scenario reference and a scenario in some suite. Adding a kind means a module in
-faults/, a line in faults/builtin.py, its fields in harness/strategies.py (and
+faults/, a line in faults/builtin.py, its fields in harness/suites/strategies.py (and
 docs/strategies.md), a row in docs/scenarios.md and a scenario; this file says which is
 missing."""
 
@@ -15,9 +15,9 @@ import yaml
 
 from faults import FAULT_CLASSES, kinds
 from faults.builtin import BUILTIN_KINDS
-from harness.cli import main
-from harness.strategies import DRAWN_KINDS
-from harness.suite_loader import load_suite
+from harness.commands.main import main
+from harness.suites.strategies import DRAWN_KINDS
+from harness.suites.suite_loader import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^\| `(\w+)` \| (\w+) \| (\w+) \| .+ \|$", re.MULTILINE)

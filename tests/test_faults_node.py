@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from faults import FaultSpecError, StepContext, build_injector, kinds, parse_fault
-from harness.suite_loader import ScenarioError, load_suite
+from harness.suites.suite_loader import ScenarioError, load_suite
 
 NODE_KINDS = ("node_kill", "node_stop", "node_pause")
 

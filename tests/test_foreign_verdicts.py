@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.journal import read_journal
-from harness.results import SuiteResult
-from harness.runner import RunOptions, run_suite
-from harness.suite_loader import load_suite
+from harness.records.journal import read_journal
+from harness.running.results import SuiteResult
+from harness.running.runner import RunOptions, run_suite
+from harness.suites.suite_loader import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "tests" / "trainers" / "verdicts.yaml"

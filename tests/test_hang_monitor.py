@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.journal import read_journal
+from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
-from reference_trainer.hang_monitor import behind
-from reference_trainer.watchdog import Heartbeat, WatchdogConfig
+from reference_trainer.processes.hang_monitor import behind
+from reference_trainer.processes.watchdog import Heartbeat, WatchdogConfig
 
 
 def write_beat(
@@ -29,7 +29,13 @@ def write_beat(
 
 
 def monitor(run_dir: Path, pid: int, world_size: int = 2) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "reference_trainer.hang_monitor", "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "reference_trainer.processes.hang_monitor",
+        "--run-dir",
+        str(run_dir),
+    ]
     argv += ["--rank", "1", "--world-size", str(world_size), "--pid", str(pid), "--poll", "0.05"]
     return subprocess.Popen(argv)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import JournalError
-from harness.journal import JournalWriter, TornLineWarning, read_journal
-from harness.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION
+from harness.records.journal import JournalWriter, TornLineWarning, read_journal
+from harness.records.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION
 from harness.run_layout import RunLayout
 
 from .conftest import ROOT
@@ -123,7 +123,7 @@ def test_writer_reopened_after_a_torn_line_starts_a_fresh_line(tmp_path: Path) -
 
 _KILLED_WRITER = """
 import sys
-from harness.journal import JournalWriter
+from harness.records.journal import JournalWriter
 w = JournalWriter(sys.argv[1])
 print("ready", flush=True)
 step = 0

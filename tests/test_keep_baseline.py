@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.run_layout import RunLayout
-from harness.runner import keep_baseline
+from harness.running.runner import keep_baseline
 
 THREADS = 8
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from reference_trainer import checkpoint as files
-from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
+from reference_trainer.checkpoints import files
+from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
 from reference_trainer.errors import CheckpointError
 
 ROUNDS = 50

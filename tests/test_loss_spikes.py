@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from reference_trainer.loss_spikes import (
+from reference_trainer.stability.loss_spikes import (
     EarlyMaxConfig,
     EarlyMaxDetector,
     ForecastConfig,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from harness.mechanisms import LAUNCHER_MECHANISMS, MECHANISMS, TRAINER_MECHANISMS
-from harness.scenario import TrainerSpec
+from harness.suites.scenario import TrainerSpec
 from reference_trainer.cli import build_parser
-from reference_trainer.stability import StabilityConfig
+from reference_trainer.stability.mechanisms import StabilityConfig
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "stability.md"
 

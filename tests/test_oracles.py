@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.journal import Journal
 from harness.oracles import (
     ORACLES,
     CompletedOracle,
@@ -20,8 +19,9 @@ from harness.oracles import (
     judge,
 )
 from harness.oracles.base import rounded
-from harness.scenario import DetectedExpect, Expect
-from harness.verdict import Evidence
+from harness.oracles.verdict import Evidence
+from harness.records.journal import Journal
+from harness.suites.scenario import DetectedExpect, Expect
 
 from .oracle_runs import TARGET, Run, clean_run, nan_grad_run
 

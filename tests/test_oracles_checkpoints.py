@@ -17,9 +17,9 @@ from faults.checkpoint import (
 )
 from faults.injector import Injection
 from harness.oracles import NoCorruptCheckpointLoadedOracle
+from harness.oracles.verdict import Check
 from harness.run_layout import RunLayout
-from harness.verdict import Check
-from reference_trainer.manifest import write_manifest
+from reference_trainer.checkpoints.manifest import write_manifest
 
 from .oracle_runs import TARGET, Run
 

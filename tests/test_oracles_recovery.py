@@ -12,7 +12,7 @@ from harness.oracles import (
     LostStepsOracle,
     MttrOracle,
 )
-from harness.scenario import LossScaleExpect, MttrExpect
+from harness.suites.scenario import LossScaleExpect, MttrExpect
 
 from .oracle_runs import TARGET, Run, clean_run, nan_grad_run
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from harness.journal import read_journal
-from harness.results import ScenarioResult
-from harness.runner import RunOptions, run_suite
-from harness.suite_loader import parse_suite
+from harness.records.journal import read_journal
+from harness.running.results import ScenarioResult
+from harness.running.runner import RunOptions, run_suite
+from harness.suites.suite_loader import parse_suite
 
 KILL = {"kind": "kill", "at_step": 12, "ranks": [0]}
 HANG = {"kind": "hang", "at_step": 12, "ranks": [0]}

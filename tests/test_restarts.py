@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.journal import Journal, read_journal
+from harness.records.journal import Journal, read_journal
 
 from .conftest import torchrun
 

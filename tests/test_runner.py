@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from harness.baseline import baseline_key
-from harness.runner import Runner, RunOptions, run_suite
-from harness.scenario import TrainerSpec
-from harness.suite_loader import parse_suite
+from harness.running.baseline import baseline_key
+from harness.running.runner import Runner, RunOptions, run_suite
+from harness.suites.scenario import TrainerSpec
+from harness.suites.suite_loader import parse_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = f"{sys.executable} {ROOT / 'tests' / 'plain_train.py'} --steps {{steps}}"
@@ -177,9 +177,9 @@ def test_an_orphaned_child_of_the_trainer_is_ended_with_the_launch(tmp_path: Pat
 
 
 def test_a_crash_names_the_last_error_of_every_attempt(tmp_path: Path) -> None:
-    from harness.journal import JournalWriter, read_journal
-    from harness.launch import Launch
-    from harness.runner import _crash
+    from harness.records.journal import JournalWriter, read_journal
+    from harness.running.launch import Launch
+    from harness.running.runner import _crash
 
     for attempt, why in enumerate(["UnpicklingError: invalid load key", "EOFError: truncated"]):
         writer = JournalWriter(tmp_path, 0, attempt)
@@ -197,9 +197,9 @@ def test_a_crash_names_the_last_error_of_every_attempt(tmp_path: Path) -> None:
 def test_only_a_run_end_that_says_it_gave_up_is_judged_rather_than_crashed(
     tmp_path: Path, gave_up: bool, reason: str
 ) -> None:
-    from harness.journal import JournalWriter, read_journal
-    from harness.launch import Launch
-    from harness.runner import _crash
+    from harness.records.journal import JournalWriter, read_journal
+    from harness.running.launch import Launch
+    from harness.running.runner import _crash
 
     writer = JournalWriter(tmp_path, 0, 0)
     writer.emit("run_start", 0, world_size=1, pid=1, host="h")

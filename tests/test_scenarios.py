@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from faults import FaultPlan, FaultSpecError
-from harness.keywords import KeywordError, keyword_match
-from harness.scenario import TrainerSpec
-from harness.scenario_schema import suite_schema
-from harness.suite_loader import ScenarioError, load_suite, parse_suite
+from harness.suites.keywords import KeywordError, keyword_match
+from harness.suites.scenario import TrainerSpec
+from harness.suites.scenario_schema import suite_schema
+from harness.suites.suite_loader import ScenarioError, load_suite, parse_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import SCORECARD_VERSION, ScorecardError, SuiteResult
+from harness.oracles.verdict import Check
+from harness.running.results import SCORECARD_VERSION, ScorecardError, SuiteResult
 from harness.scorecard import (
     compare,
     dumps_scorecard,
@@ -23,7 +24,6 @@ from harness.scorecard import (
     write_scorecards,
 )
 from harness.scorecard.badge import GREEN, RED, YELLOW
-from harness.verdict import Check
 from tests.scorecard_support import FAILED_FIGURE, LOG_TAIL, make_suite
 
 
@@ -209,8 +209,8 @@ def test_terminal_and_pytest_reports_label_a_not_judged_check(tmp_path: Path) ->
 
     from rich.console import Console
 
-    from harness.pytest_plugin import describe_failure
-    from harness.terminal_report import print_results
+    from harness.commands.pytest_plugin import describe_failure
+    from harness.scorecard.terminal_report import print_results
 
     result = make_suite(tmp_path)
     result.scenarios[0].checks.append(unjudged_check())

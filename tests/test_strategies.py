@@ -19,7 +19,7 @@ from faults.bitflip import LAYOUTS
 from faults.plan import FaultPlan
 from faults.registry import kinds, parse_fault
 from faults.spec import FaultSpec
-from harness.strategies import bit_positions, fault_plans, fault_specs, ranks, steps
+from harness.suites.strategies import bit_positions, fault_plans, fault_specs, ranks, steps
 
 T = TypeVar("T")
 FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

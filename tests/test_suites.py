@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import SuiteResult
-from harness.runner import RunOptions, run_suite
+from harness.running.results import SuiteResult
+from harness.running.runner import RunOptions, run_suite
 from harness.scorecard import load_scorecard, write_scorecards
 from harness.scorecard.compare import compare, render_comparison
-from harness.suite_loader import load_suite
+from harness.suites.suite_loader import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "scenarios" / "smoke.yaml"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main as tightrope
-from harness.journal import JournalWriter, read_journal
-from harness.summary import summarize
+from harness.commands.main import main as tightrope
+from harness.records.journal import JournalWriter, read_journal
+from harness.records.summary import summarize
 
 TARGET = 80
 

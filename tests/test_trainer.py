@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from harness.journal import read_journal
-from reference_trainer import checkpoint as ckpt
-from reference_trainer.checkpointing import CheckpointConfig, CheckpointManager
+from harness.records.journal import read_journal
+from reference_trainer.checkpoints import files as ckpt
+from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
+from reference_trainer.checkpoints.manifest import describe_tensors, write_manifest
 from reference_trainer.config import TrainConfig, preset
-from reference_trainer.manifest import describe_tensors, write_manifest
 from reference_trainer.train import train
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ from harness.oracles.health import (
     ParamsFiniteOracle,
 )
 from harness.oracles.recovery import LostStepsOracle, MttrOracle
-from harness.scenario import Expect
-from harness.verdict import Check, Evidence, Oracle
+from harness.oracles.verdict import Check, Evidence, Oracle
+from harness.suites.scenario import Expect
 
 __all__ = [
     "ORACLES",

@@ -6,7 +6,7 @@ import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, TypeVar
 
-from harness.verdict import Check, Evidence, Figure
+from harness.oracles.verdict import Check, Evidence, Figure
 
 OracleT = TypeVar("OracleT", bound="ExpectOracle")
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from harness.journal import Event
 from harness.oracles.base import ExpectOracle
 from harness.oracles.manifests import CheckpointState, inspect_checkpoint
 from harness.oracles.timeline import damaged_paths, faults, plural
+from harness.oracles.verdict import Check, Evidence
+from harness.records.journal import Event
 from harness.run_layout import RunLayout
-from harness.verdict import Check, Evidence
 
 #: Corrupt loads named one by one in the detail; the rest are counted.
 NAMED = 3

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.oracles.base import ExpectOracle
-from harness.verdict import Check, Evidence
+from harness.oracles.verdict import Check, Evidence
 
 
 def _count(value: Any) -> int:

@@ -11,8 +11,8 @@ from typing import Any
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.timeline import NO_FAULT, corroborated, detections, first_fault, plural
-from harness.scenario import DetectedExpect
-from harness.verdict import Check, Evidence
+from harness.oracles.verdict import Check, Evidence
+from harness.suites.scenario import DetectedExpect
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.journal import Event
 from harness.oracles.base import ExpectOracle
 from harness.oracles.timeline import (
     LEAD_RANK,
@@ -21,8 +20,9 @@ from harness.oracles.timeline import (
     skipped,
     surviving_losses,
 )
-from harness.scenario import LossScaleExpect
-from harness.verdict import Check, Evidence
+from harness.oracles.verdict import Check, Evidence
+from harness.records.journal import Event
+from harness.suites.scenario import LossScaleExpect
 
 #: Steps averaged for a run's final loss: one step's loss is too noisy to compare.
 FINAL_WINDOW = 5

@@ -1,6 +1,6 @@
 """Checking a checkpoint on disk against its manifest, without the trainer's code.
 
-The format is the reference trainer's (`reference_trainer/manifest.py`): a directory
+The format is the reference trainer's (`reference_trainer/checkpoints/manifest.py`): a directory
 holds ``manifest.json``, a JSON object whose ``files`` maps each file name to its
 ``bytes`` and ``sha256``, whose ``kind`` is ``full`` or ``delta`` and whose ``parent``
 names the checkpoint a delta was encoded against, a sibling directory (or null). This

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.journal import Event
 from harness.oracles.base import ExpectOracle
 from harness.oracles.timeline import LEAD_RANK, NO_FAULT, good, lead_steps, plural, skipped
-from harness.scenario import MttrExpect
-from harness.verdict import Check, Evidence
+from harness.oracles.verdict import Check, Evidence
+from harness.records.journal import Event
+from harness.suites.scenario import MttrExpect
 
 #: Events that belong to an incident still being handled (besides skipped steps).
 INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.journal import Event, Journal
+from harness.records.journal import Event, Journal
 
 #: The rank whose steps tell the run's progress (every rank reports the same global loss).
 LEAD_RANK = 0

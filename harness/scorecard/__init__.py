@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness.results import ScorecardError, SuiteResult
+from harness.running.results import ScorecardError, SuiteResult
 from harness.scorecard.badge import badge_color, render_badge
 from harness.scorecard.compare import Comparison, compare, render_comparison
 from harness.scorecard.htmlpage import render_html

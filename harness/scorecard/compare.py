@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.results import ScenarioResult, Status, SuiteResult
+from harness.oracles.verdict import Check, Figure
+from harness.running.results import ScenarioResult, Status, SuiteResult
 from harness.scorecard.text import NOT_JUDGED, format_figure, format_score
-from harness.verdict import Check, Figure
 
 # Worse to better; a move down this list is a regression whatever the score did.
 _RANK: dict[Status, int] = {"error": 0, "failed": 1, "passed": 2}

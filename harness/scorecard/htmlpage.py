@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from harness.results import SCORECARD_VERSION, ScenarioResult, SuiteResult
+from harness.running.results import SCORECARD_VERSION, ScenarioResult, SuiteResult
 from harness.scorecard.badge import render_badge
 from harness.scorecard.htmlstyle import CSS
 from harness.scorecard.plots import StepSeries, load_series, render_plots

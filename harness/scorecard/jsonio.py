@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.journal import NONFINITE, json_safe
-from harness.results import ScorecardError, SuiteResult
+from harness.records.journal import NONFINITE, json_safe
+from harness.running.results import ScorecardError, SuiteResult
 
 SCORECARD_JSON = "scorecard.json"
 

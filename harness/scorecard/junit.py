@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from harness.results import ScenarioResult, SuiteResult
+from harness.running.results import ScenarioResult, SuiteResult
 from harness.scorecard.text import clean_text, describe_check, format_score, raw_figure
 
 

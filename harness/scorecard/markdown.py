@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from harness.results import ScenarioResult, SuiteResult
+from harness.running.results import ScenarioResult, SuiteResult
 from harness.scorecard.text import (
     NOT_JUDGED,
     STATUS_ICON,

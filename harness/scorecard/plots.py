@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from harness.errors import JournalError
-from harness.journal import Journal, read_journal
+from harness.records.journal import Journal, read_journal
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

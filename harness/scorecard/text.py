@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import re
 
-from harness.results import Status
-from harness.verdict import Check, CheckStatus, Figure
+from harness.oracles.verdict import Check, CheckStatus, Figure
+from harness.running.results import Status
 
 #: Icons for a scenario's status, in the Markdown summary and the comparison.
 STATUS_ICON: dict[Status, str] = {"passed": "✅", "failed": "❌", "error": "💥"}

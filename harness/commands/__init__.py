@@ -1,0 +1,1 @@
+"""The command line (`tightrope`) and the pytest plugin."""

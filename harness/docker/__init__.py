@@ -1,0 +1,1 @@
+"""Docker nodes: the local image, one container per node, node faults."""

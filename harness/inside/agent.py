@@ -1,0 +1,428 @@
+"""The agent: one per process; counts steps, arms faults, observes, writes the journal.
+
+A trainer drives it at fixed points of each step (the reference trainer calls these
+methods itself; `harness.inside.attach` and ``tightrope exec`` install hooks that call them for
+trainers that know nothing of tightrope)::
+
+    agent.begin_step(step)             faults active at this step arm; forward hooks and
+                                       gradient hooks go in
+    batch = agent.batch(batch)         bad-data faults may replace the batch
+    ... forward, backward ...          gradient faults act as each gradient accumulates
+    agent.after_backward()             what they did is journaled
+    agent.before_optimizer_step()      learning-rate faults
+    ... optimizer.step() ...
+    agent.after_optimizer_step()       weight and optimizer-state faults
+    agent.observe_step(StepObserved(loss=...))  the `step` event, with the agent's own checks
+    ... checkpoint save ...
+    agent.end_step()                   file and process faults; temporary changes undone
+
+Observations (the `step` event, `params_finite`) are the agent's own; what the trainer
+claims (`detected`, `recovered`, checkpoint events) goes through `agent.claim`. Whether a
+step's update happened is observed, not claimed: a step with no ``after_optimizer_step``
+(or `note_update`) is journaled ``skipped``.
+With no fault planned the agent costs one journal line per step and, every
+``check_params_every`` steps, one pass over the parameters; no collective, unless the plan
+has ``after_seconds`` faults (rank 0's clock decides when they fire).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from faults import (
+    FaultPlan,
+    FaultSpec,
+    FaultSpecError,
+    Injection,
+    Injector,
+    StepContext,
+    build_injector,
+    parse_fault,
+)
+from harness.inside.hooks import Inert
+from harness.inside.process_group import broadcast_text
+from harness.inside.step_evidence import params_finite
+from harness.live.control import Answer, ArmedBoard, ControlChannel, register_pid
+from harness.records.events import Claim, FileLoaded, FileLoadFailed, FileSaved, StepObserved
+from harness.records.journal import Event, JournalWriter, read_journal_file
+from harness.run_layout import RunLayout
+
+#: Seconds between two looks at the live-control inbox (rank 0): a command waits at most
+#: this long, and a fast loop does not pay a look at every step.
+INBOX_POLL_SECONDS = 0.1
+
+
+class Agent:
+    """Arms the plan's faults at their steps on their ranks and journals what happens."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        restart: int = 0,
+        plan: FaultPlan | None = None,
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        check_params_every: int = 10,
+        control: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.world_size = world_size
+        self.plan = plan or FaultPlan()
+        self.model = model
+        self.optimizer = optimizer
+        self.check_params_every = check_params_every
+        previous = RunLayout(self.run_dir).journal_file(rank)
+        earlier = _quietly_read(previous) if previous.exists() else []
+        self.journal = JournalWriter(self.run_dir, rank=rank, restart=restart)
+        self.step = 0
+        self._started = time.monotonic()
+        self._injectors: list[tuple[FaultSpec, Injector[Any]]] = [
+            (spec, build_injector(spec)) for spec in self.plan
+        ]
+        self._index = {id(inj): i for i, (_, inj) in enumerate(self._injectors)}
+        self._timed = [
+            i for i, (spec, _) in enumerate(self._injectors) if spec.after_seconds is not None
+        ]
+        self._active: list[Injector[Any]] = []
+        self._injected_this_step = False
+        self._timed_start: dict[int, int] = {}  # plan index -> step an after_seconds fault fired
+        self._fired: set[tuple[int, int]] = set()  # (plan index, step) already injected
+        self._current: int | None = None  # plan index of the injector running a hook
+        self._grad_hooks: list[RemovableHandle] = []
+        #: (plan index, trigger step) of triggered faults waiting for a save
+        self._waiting: list[tuple[int, int]] = []
+        self._saved: list[str] = []  # files saved since the last step began
+        self._next_poll = 0.0  # monotonic time of the next look at the inbox
+        self._updated: bool | None = False  # the step's update happened (None: unknown)
+        self.pids: dict[int, int] = {rank: os.getpid()}
+        self.remember_fired(earlier)
+        self.channel: ControlChannel | None = None
+        self.board: ArmedBoard | None = None
+        if control:
+            register_pid(self.run_dir, rank, os.getpid())
+            if rank == 0:
+                self.channel = ControlChannel(self.run_dir)
+            self.board = ArmedBoard(self.run_dir, restart)
+
+    # -- the step --------------------------------------------------------------------
+
+    def context(self) -> StepContext:
+        """What injectors may touch now."""
+        return StepContext(
+            step=self.step,
+            rank=self.rank,
+            world_size=self.world_size,
+            model=self.model,
+            optimizer=self.optimizer,
+            run_dir=str(self.run_dir),
+            checkpoints=str(RunLayout(self.run_dir).checkpoints),
+            pids=dict(self.pids),
+            cwd=os.getcwd(),
+            # Process faults that signal this very process journal before they act.
+            record_now=self._record,
+        )
+
+    def _is_active(self, index: int, spec: FaultSpec, step: int) -> bool:
+        if self.rank not in spec.target_ranks(self.world_size):
+            return False
+        if spec.after_seconds is None:
+            return spec.active_at(step)
+        start = self._timed_start.get(index)  # decided by rank 0 in `_agree`
+        return start is not None and start <= step < start + spec.duration
+
+    def begin_step(self, step: int) -> None:
+        """Start step ``step`` (1-based): take live commands, arm the faults active now, call
+        their forward hooks."""
+        self.step = step
+        self._injected_this_step = self._updated = False
+        self._remove_grad_hooks()
+        if self._saved:
+            self._damage_saved()
+        if self._timed:
+            self._agree_timers(step)
+        if self.board is not None:
+            self._take_commands(step)
+        # A step replayed after a rollback or restart does not meet its fault again: a
+        # fault happens at a step once (persistent faults span steps with `duration`).
+        self._active = [
+            inj
+            for i, (spec, inj) in enumerate(self._injectors)
+            if (i, step) not in self._fired and self._is_active(i, spec, step)
+        ]
+        if self._active:
+            self._run(lambda inj, ctx: inj.before_forward(ctx))
+            self._hook_gradients()
+            for injector in self._active:
+                index = self._index[id(injector)]
+                if injector.waits_for_save() and index not in [i for i, _ in self._waiting]:
+                    self._waiting.append((index, step))
+
+    def file_saved(self, path: str) -> None:
+        """The trainer saved ``path``: triggered faults waiting for a save act on it when the
+        next step begins (the trainer's own save procedure, a digest beside the file say,
+        is over by then)."""
+        self._saved.append(path)
+
+    def _damage_saved(self) -> None:
+        saved, self._saved = self._saved, []
+        for path in saved:
+            for index, trigger in list(self._waiting):
+                injector = self._injectors[index][1]
+                self._current = index
+                records = injector.on_file_saved(self.context(), path)
+                if not records:
+                    continue
+                # Its trigger step, replayed after a restart, does not arm it again.
+                self._fired.add((index, trigger))
+                self._record([replace(r, details={**r.details, "trigger_step": trigger})
+                              for r in records])  # fmt: skip
+                self._waiting.remove((index, trigger))
+        self._current = None
+
+    def _hook_gradients(self) -> None:
+        """Gradient faults act on each parameter as backward accumulates its gradient."""
+        for injector in self._active:
+            self._current = self._index[id(injector)]
+            ctx = self.context()
+            for name, param in injector.gradient_params(ctx):
+                hook = GradientHook(self, injector, name)
+                self._grad_hooks.append(param.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
+        self._current = None
+
+    def _remove_grad_hooks(self) -> None:
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks = []
+
+    def batch(self, batch: torch.Tensor) -> torch.Tensor:
+        """The batch to train on (a bad-data fault may replace it)."""
+        for injector in self._active:
+            self._current = self._index[id(injector)]
+            batch, records = injector.on_batch(self.context(), batch)
+            self._record(records)
+        self._current = None
+        return batch
+
+    def after_backward(self) -> None:
+        """Gradients exist: gradient faults act."""
+        self._run(lambda inj, ctx: inj.after_backward(ctx))
+
+    def before_optimizer_step(self) -> None:
+        """Just before ``optimizer.step``."""
+        self._run(lambda inj, ctx: inj.before_optimizer_step(ctx))
+
+    def after_optimizer_step(self) -> None:
+        """Just after ``optimizer.step``: the update happened."""
+        self._updated = True
+        self._run(lambda inj, ctx: inj.after_optimizer_step(ctx))
+
+    def note_update(self, known: bool = True) -> None:
+        """The step's update happened without ``optimizer.step`` (a trainer that updates the
+        parameters by hand); ``known=False``: whether it happened cannot be told."""
+        self._updated = True if known else None
+
+    @property
+    def check_due(self) -> bool:
+        """True when this step's parameters (and gradient norm) are to be checked."""
+        return self._injected_this_step or (
+            self.check_params_every > 0 and self.step % self.check_params_every == 0
+        )
+
+    def observe_step(self, observed: StepObserved) -> None:
+        """Journal the `step` event with what the agent observed itself: whether the update
+        happened (``skipped``) and, when due, whether every parameter is finite."""
+        observations = observed.fields()
+        if self._updated is not None:
+            observations["skipped"] = not self._updated
+        if self.check_due and self.model is not None:
+            observations["params_finite"] = params_finite(self.model)
+        self.journal.emit("step", self.step, **observations)
+
+    def end_step(self) -> None:
+        """The step is over: file and process faults act, temporary changes are undone."""
+        self._remove_grad_hooks()
+        if self._active:
+            self._run(lambda inj, ctx: inj.end_step(ctx))
+        self._active = []
+
+    def document_wrapper(self) -> Callable[[Iterator[Any]], Any] | None:
+        """A wrapper for the training document stream when the plan has a fault that acts on
+        it (reach ``documents``): that injector's `wrap_documents`.
+
+        Such faults act on the stream every rank reads alike, so they ignore ``ranks``.
+        """
+        found = [(spec, inj) for spec, inj in self._injectors if spec.reach == "documents"]
+        if not found:
+            return None
+        if len(found) > 1:
+            names = " and ".join(sorted({spec.kind for spec, _ in found}))
+            raise FaultSpecError(f"a plan may hold one {names} fault, not several")
+        return found[0][1].wrap_documents
+
+    # -- claims and lifecycle ----------------------------------------------------------
+
+    def claim(self, claim: Claim, step: int | None = None) -> None:
+        """Journal something the trainer reports about itself (detected, recovered, ...),
+        at the current step unless ``step`` says otherwise."""
+        self.journal.emit(claim.kind, self.step if step is None else step, **claim.fields())
+
+    def observe_file(self, event: FileSaved | FileLoaded | FileLoadFailed) -> None:
+        """Journal a file the trainer saved or loaded, as the agent saw it."""
+        self.journal.emit(event.kind, self.step, **event.fields())
+
+    def checkpoint_loaded(self, path: str | os.PathLike[str]) -> None:
+        """Journal that the trainer restored the checkpoint folder ``path``, with the agent's
+        own check of it against its manifest, made now (the folder may be gone by the time
+        the run is judged)."""
+        from harness.oracles.manifests import inspect_checkpoint
+
+        state = inspect_checkpoint(Path(path))
+        extra = {"verified_reason": state.reason} if state.reason else {}
+        self.journal.emit(
+            "checkpoint_loaded", self.step, path=str(path), verified=state.status, **extra
+        )
+
+    def start(self, step: int, **fields: Any) -> None:
+        """Journal ``run_start`` at ``step`` (0 for a fresh run)."""
+        self.step = step
+        self.journal.emit(
+            "run_start",
+            step,
+            world_size=self.world_size,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            **fields,
+        )
+
+    def close(self, status: str, reason: str = "", **observed: Any) -> None:
+        """Journal ``run_end`` (with what the caller ``observed`` at the end) and close the
+        journal."""
+        extra = {"reason": reason} if reason else {}
+        seconds = time.monotonic() - self._started
+        self.journal.emit("run_end", self.step, status=status, seconds=seconds, **extra, **observed)
+        self.journal.close()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _run(self, hook: Callable[[Injector[Any], StepContext], list[Injection]]) -> None:
+        for injector in self._active:
+            self._current = self._index[id(injector)]
+            self._record(hook(injector, self.context()))
+        self._current = None
+
+    def _record(self, records: list[Injection]) -> None:
+        for record in records:
+            self._injected_this_step = True
+            details = dict(record.details)
+            if self._current is not None:
+                self._fired.add((self._current, self.step))
+                details["plan_index"] = self._current
+            self.journal.emit(
+                "fault_injected",
+                self.step,
+                fault=record.fault,
+                target=record.target,
+                details=details,
+            )
+
+    def _agree_timers(self, step: int) -> None:
+        """Rank 0's clock decides which ``after_seconds`` faults fire now; every rank arms
+        them for the same step (one small broadcast per step, only while timers wait)."""
+        if all(i in self._timed_start for i in self._timed):
+            return
+        elapsed = time.monotonic() - self._started
+        timers = [
+            i
+            for i in self._timed
+            if i not in self._timed_start and elapsed >= self._injectors[i][0].after_seconds  # type: ignore[operator]
+        ]
+        shared = json.loads(broadcast_text(json.dumps(timers), self.rank, self.world_size))
+        for index in shared:
+            self._timed_start[int(index)] = step
+
+    def _take_commands(self, step: int) -> None:
+        """Live commands: rank 0 reads the inbox and arms each accepted one for a step every
+        rank can still meet; every rank takes what rank 0 armed (see harness.live.control)."""
+        published = False
+        now = time.monotonic()
+        if self.channel is not None and now >= self._next_poll:
+            self._next_poll = now + INBOX_POLL_SECONDS
+            for received in self.channel.poll():
+                if received.fault is None:
+                    self.journal.emit(
+                        "command", step, id=received.id, accepted=False, reason=received.reason
+                    )
+                    self.channel.answer(
+                        Answer(received.id, step, accepted=False, reason=received.reason)
+                    )
+                    continue
+                # Another rank may already be one step further: arm no sooner than next step.
+                lead = 1 if self.world_size > 1 else 0
+                effective = step + max(received.in_steps, lead)
+                self.channel.publish(received.id, received.fault, effective, self.journal.restart)
+                published = True
+                self.channel.answer(
+                    Answer(received.id, step, accepted=True, effective_step=effective)
+                )
+        assert self.board is not None
+        if self.world_size == 1 and not published:
+            return  # alone, nothing is armed but what this process just published
+        for armed in self.board.take():
+            spec = parse_fault({**armed.fault, "at_step": armed.step})
+            self._injectors.append((spec, build_injector(spec)))
+            self._index[id(self._injectors[-1][1])] = len(self._injectors) - 1
+            self.journal.emit(
+                "command", step, id=armed.id, accepted=True, fault=spec.kind,
+                effective_step=armed.step,
+            )  # fmt: skip
+
+    def remember_fired(self, events: Iterable[Any]) -> None:
+        """Learn from earlier ``fault_injected`` events (of a previous attempt of this run)
+        which faults already happened, so a restarted job does not meet them again."""
+        for event in events:
+            details = event.get("details", {})
+            index = details.get("plan_index")
+            if event.kind == "fault_injected" and event.rank == self.rank and index is not None:
+                self._fired.add((int(index), event.step))
+                if (trigger := details.get("trigger_step")) is not None:
+                    self._fired.add((int(index), int(trigger)))
+
+
+class GradientHook:
+    """A post-accumulate-grad hook that hands one parameter's gradient to a fault.
+
+    Copies of the model (``copy.deepcopy``, pickling) get no agent: the hook copies and
+    pickles as nothing that acts."""
+
+    def __init__(self, agent: Agent, injector: Injector[Any], name: str) -> None:
+        self.agent, self.injector, self.name = agent, injector, name
+
+    def __call__(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self.injector.on_gradient(self.agent.context(), self.name, param.grad)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
+
+
+def _quietly_read(path: Path) -> list[Event]:
+    # A torn tail from a killed attempt is expected here; the writer mends it.
+    return read_journal_file(path, warn=False)

@@ -1,0 +1,138 @@
+"""The agent's hooks in a foreign trainer, made so that they leave no trace in it.
+
+``torch.Tensor.backward`` is wrapped while anything listens. The model's forward pre-hook
+and the optimizer's step hooks are small objects that copy (``copy.deepcopy``) and pickle
+as `Inert`, a hook that does nothing, and `strip_hooks` takes them off a module while it is
+saved, so a trainer's EMA copy has no agent and its files hold nothing of tightrope.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from harness.inside.attach import AttachedAgent
+
+
+class Inert:
+    """What an agent's hook becomes in a copy of the model: a hook that does nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+# -- torch.Tensor.backward, wrapped while anything listens --------------------------------
+
+
+class BackwardListener(Protocol):
+    """Told of every ``tensor.backward()``: just before it runs, and once it returned."""
+
+    def before_backward(self, tensor: torch.Tensor) -> None:
+        """``tensor.backward()`` is about to run."""
+
+    def after_backward(self, tensor: torch.Tensor) -> None:
+        """It returned: the gradients of this backward are accumulated (and all-reduced)."""
+
+
+_listeners: list[BackwardListener] = []
+_original_backward: Callable[..., Any] | None = None
+
+
+def add_backward_listener(listener: BackwardListener) -> None:
+    """Tell ``listener`` of every ``tensor.backward()`` (wraps it on first use)."""
+    global _original_backward
+    if _original_backward is None:
+        original: Callable[..., Any] = torch.Tensor.backward
+
+        @functools.wraps(original)
+        def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            listening = tuple(_listeners)
+            for each in listening:
+                each.before_backward(self)
+            result = original(self, *args, **kwargs)
+            for each in listening:
+                each.after_backward(self)
+            return result
+
+        _original_backward = original
+        setattr(torch.Tensor, "backward", backward)  # noqa: B010 - mypy refuses a method assign
+    _listeners.append(listener)
+
+
+def remove_backward_listener(listener: BackwardListener) -> None:
+    """Stop telling ``listener``; the original ``backward`` comes back with the last one."""
+    global _original_backward
+    if listener in _listeners:
+        _listeners.remove(listener)
+    if not _listeners and _original_backward is not None:
+        setattr(torch.Tensor, "backward", _original_backward)  # noqa: B010
+        _original_backward = None
+
+
+class ForwardHook:
+    """The model's forward pre-hook. A copy of the model (``copy.deepcopy``, pickling)
+    gets no agent: the hook copies as one that does nothing, and saves strip it."""
+
+    def __init__(self, attached: AttachedAgent) -> None:
+        self.attached = attached
+
+    def __call__(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if module is not self.attached.agent.model:
+            return None
+        return self.attached.on_forward(module, args, kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
+
+
+class StepHook:
+    """An optimizer step hook (``begin`` or ``end``); copies and pickles as `Inert`."""
+
+    def __init__(self, attached: AttachedAgent, which: str) -> None:
+        self.attached, self.which = attached, which
+
+    def __call__(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self.which == "begin":
+            self.attached.on_step_begin(optimizer)
+        else:
+            self.attached.on_step_end(optimizer)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
+
+
+def strip_hooks(obj: object) -> Callable[[], None]:
+    """Take the agent's hooks (and inert copies of them) off every module in ``obj`` (a
+    module, or a dict, list or tuple holding modules); returns what puts them back."""
+    modules = [obj] if isinstance(obj, nn.Module) else []
+    if isinstance(obj, dict):
+        modules = [v for v in obj.values() if isinstance(v, nn.Module)]
+    elif isinstance(obj, (list, tuple)):
+        modules = [v for v in obj if isinstance(v, nn.Module)]
+    taken: list[tuple[dict[int, Any], int, Any]] = []
+    for root in modules:
+        for module in root.modules():
+            hooks = module._forward_pre_hooks
+            for key, hook in list(hooks.items()):
+                if isinstance(hook, (ForwardHook, Inert)):
+                    taken.append((hooks, key, hook))
+                    del hooks[key]
+
+    def restore() -> None:
+        for hooks, key, hook in taken:
+            hooks[key] = hook
+
+    return restore

@@ -1,0 +1,1 @@
+"""The live-control channel: signed commands into a running job."""

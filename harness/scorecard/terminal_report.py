@@ -1,0 +1,62 @@
+"""A suite's results in the terminal: a table of scenarios, then what failed and by how much."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.oracles.verdict import Check
+from harness.running.results import SuiteResult
+
+_STATUS = {"passed": "[green]PASS[/]", "failed": "[red]FAIL[/]", "error": "[magenta]ERROR[/]"}
+_ERROR_CHARS = 300
+
+
+def describe_check(check: Check) -> str:
+    """``detected: 3 steps (expected <= 1 steps)``: the figure with its unit and the bound;
+    ``mttr: not judged (expected ...)`` for a check there was no evidence for."""
+    if not check.judged:
+        figure = "not judged"
+    elif check.figure is None:
+        figure = "not observed"
+    else:
+        figure = f"{check.figure}" + (f" {check.unit}" if check.unit else "")
+    return f"{check.name}: {figure} (expected {check.expected})"
+
+
+def print_results(result: SuiteResult, console: Console) -> None:
+    """One row per scenario, the failed and not-judged checks with their figures, then the
+    scores."""
+    table = Table(title=f"{result.suite} · preset {result.preset}", title_justify="left")
+    for column in ("scenario", "class", "status", "score", "checks", "time"):
+        table.add_column(column, no_wrap=True)
+    for r in result.scenarios:
+        passed = sum(c.status == "passed" for c in r.checks)
+        unjudged = len(r.unjudged_checks)
+        table.add_row(
+            r.name,
+            r.fault_class,
+            _STATUS[r.status],
+            f"{r.score * 100:.0f}",
+            f"{passed}/{len(r.checks)}" + (f" ({unjudged} not judged)" if unjudged else ""),
+            f"{r.seconds:.1f}s",
+        )
+    console.print(table)
+    for r in result.scenarios:
+        if r.status == "passed":
+            continue
+        console.print(f"{_STATUS[r.status]} [bold]{escape(r.name)}[/]")
+        if r.error:
+            error = " ".join(r.error.split())
+            cut = error[:_ERROR_CHARS] + (" ..." if len(error) > _ERROR_CHARS else "")
+            console.print(f"    error: {escape(cut)}", highlight=False)
+        for c in r.failed_checks:
+            console.print(f"    {escape(describe_check(c))}: {escape(c.detail)}", highlight=False)
+    classes = "  ".join(f"{c} {s:.1f}" for c, s in result.class_scores().items())
+    counts = result.counts()
+    console.print(
+        f"resilience score [bold]{result.score:.1f}[/] / 100  ({classes})\n"
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['error']} errored",
+        highlight=False,
+    )

@@ -1,0 +1,343 @@
+"""Scenario suites as typed models: what to run, which faults to inject, what to expect.
+
+A suite file (YAML) holds ``suite`` (its name), ``defaults`` (a trainer, expectations and
+a weight every scenario starts from) and ``scenarios``. Reading and validating a file,
+with errors that name the file, line and dotted path, is `harness.suites.suite_loader`'s job;
+this module holds the models and their own consistency rules. `docs/scenarios.md` is
+the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+from faults import FaultPlan, FaultSpec
+from faults.errors import FaultSpecError
+from faults.registry import parse_fault
+from faults.spec import FaultClass
+from harness.mechanisms import MECHANISMS
+
+#: Trainer presets the harness knows by name: the reference trainer with every stability
+#: mechanism on, and the same trainer with all of them off (the negative control).
+TRAINER_PRESETS = ("reference", "fragile")
+#: Model sizes of the reference trainer.
+MODELS = ("tiny", "small")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainerSpec(_Model):
+    """The trainer under test and how to run it."""
+
+    preset: Literal["reference", "fragile"] = Field(
+        default="reference",
+        description="reference: every stability mechanism on; fragile: all of them off.",
+    )
+    model: Literal["tiny", "small"] = Field(
+        default="tiny", description="Model size of the reference trainer."
+    )
+    command: str | None = Field(
+        default=None,
+        description="Run this trainer instead of the reference one, through the zero-code "
+        "attach (`tightrope exec`). Placeholders: {run_dir}, {steps}, {seed}, {world_size}, "
+        "{python} (the interpreter tightrope runs on).",
+    )
+    world_size: int = Field(default=1, ge=1, le=64, description="Ranks (torchrun when > 1).")
+    launcher: Literal["local", "docker"] = Field(
+        default="local",
+        description="local: processes on this machine; docker: each node a container "
+        "running torchrun's agent (reference trainer only).",
+    )
+    nodes: int = Field(default=1, ge=1, le=16, description="Nodes (docker launcher).")
+    min_nodes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Elastic membership: the job goes on with as few as this many nodes "
+        "(torchrun --nnodes MIN:MAX); default: all of them.",
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32")
+    steps: int = Field(default=40, ge=1, le=10**8, description="Step the run trains to.")
+    seed: int = Field(
+        default=0, ge=0, le=2**32 - 1, description="Training seed, recorded with the result."
+    )
+    checkpoint_every: int = Field(default=10, ge=1, description="Steps between checkpoints.")
+    batch_size: int | None = Field(
+        default=None, ge=1, description="Sequences per rank per step (default: the model's)."
+    )
+    resume_after: int | None = Field(
+        default=None,
+        ge=1,
+        description="Stop with a checkpoint after this step, then resume from the latest "
+        "checkpoint, as a rescheduled job would (reference trainer only).",
+    )
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Restarts torchrun may make after a failed worker (0 under `fragile` or "
+        "with `restarts` disabled).",
+    )
+    disable: list[str] = Field(
+        default_factory=list,
+        description="Stability mechanisms to switch off (reference); `restarts` means no "
+        "torchrun restarts.",
+    )
+    timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds before the watchdog kills the run and scores it as an error.",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
+    cwd: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Working directory of a command trainer; default: the scenario's own run "
+        "dir, so files a trainer writes next to itself (./snapshot.pt) belong to one scenario. "
+        "Arguments that name files where tightrope runs are passed as absolute paths.",
+    )
+
+    @field_validator("disable")
+    @classmethod
+    def _known_mechanisms(cls, value: list[str]) -> list[str]:
+        unknown = [m for m in value if m not in MECHANISMS]
+        if unknown:
+            raise ValueError(
+                f"unknown mechanism(s) {', '.join(unknown)}; expected some of "
+                f"{', '.join(MECHANISMS)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _command_or_reference(self) -> TrainerSpec:
+        if self.command is not None and not self.command.strip():
+            raise ValueError("command is empty")
+        if self.command is not None and (self.disable or self.resume_after is not None):
+            raise ValueError(
+                "disable and resume_after apply to the reference trainer, not to a command"
+            )
+        if self.cwd is not None and self.command is None:
+            raise ValueError("cwd applies to a command trainer; the reference trainer has none")
+        if self.launcher == "docker":
+            if self.command is not None:
+                raise ValueError("launcher docker runs the reference trainer, not a command")
+            if self.world_size % self.nodes:
+                raise ValueError(
+                    f"world_size {self.world_size} does not split over {self.nodes} nodes"
+                )
+        elif self.nodes > 1 or self.min_nodes is not None:
+            raise ValueError("nodes and min_nodes need launcher: docker")
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"min_nodes {self.min_nodes} is more than nodes {self.nodes}")
+        if self.resume_after is not None and self.resume_after >= self.steps:
+            raise ValueError(f"resume_after {self.resume_after} must be before steps {self.steps}")
+        if self.checkpoint_every > self.steps:
+            raise ValueError(
+                f"checkpoint_every {self.checkpoint_every} is past steps {self.steps}: "
+                "the run would never save one"
+            )
+        return self
+
+    @property
+    def restarts(self) -> int:
+        """Restarts torchrun is allowed: none for the fragile preset or with `restarts` off."""
+        if self.preset == "fragile" or "restarts" in self.disable:
+            return 0
+        return self.max_restarts
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs the same configuration (the baseline cache key's part)."""
+        # How the run is launched (a stop and resume, containers) is not what it computes.
+        return self.model_dump(
+            mode="json",
+            exclude={"timeout", "resume_after", "launcher", "nodes", "min_nodes", "cwd"},
+        )
+
+
+class DetectedExpect(_Model):
+    """The fault must be detected: by which detector, how soon after it fired."""
+
+    within_steps: int | None = Field(default=None, ge=0, description="Latest allowed latency.")
+    detector: str | list[str] | None = Field(
+        default=None, description="Detector(s) that count; any detector when omitted."
+    )
+
+
+class MttrExpect(_Model):
+    """Mean time to recovery: from the fault to the first good step after recovery."""
+
+    max_steps: int | None = Field(default=None, ge=0)
+    max_seconds: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> MttrExpect:
+        if self.max_steps is None and self.max_seconds is None:
+            raise ValueError("give max_steps, max_seconds or both")
+        return self
+
+
+class LossScaleExpect(_Model):
+    """After the fault the fp16 loss scale settles again."""
+
+    within_steps: int = Field(default=10, ge=1, description="Steps allowed to settle.")
+    min_fraction: float = Field(
+        default=1e-3,
+        gt=0,
+        le=1,
+        description="The final scale is at least this share of the scale before the fault.",
+    )
+
+
+class Expect(_Model):
+    """The checks of a scenario; each key is one oracle, omitted keys are not checked."""
+
+    detected: DetectedExpect | bool | None = None
+    params_finite: bool | None = None
+    completed: bool | None = None
+    final_loss_within: float | None = Field(
+        default=None, gt=0, le=10, description="Largest relative gap to the baseline's loss."
+    )
+    max_lost_steps: int | None = Field(default=None, ge=0)
+    mttr: MttrExpect | None = None
+    no_corrupt_checkpoint_loaded: bool | None = None
+    max_contamination_consumed: int | None = Field(default=None, ge=0)
+    max_false_alarms: int | None = Field(default=None, ge=0)
+    loss_scale_recovered: LossScaleExpect | bool | None = None
+
+    def checks(self) -> list[str]:
+        """Names of the checks asked for (a value of false or null asks for none)."""
+        return [name for name, value in self if value is not None and value is not False]
+
+    def needs_baseline(self, command: bool = False) -> bool:
+        """True when a check compares against the fault-free run; for a command trainer,
+        ``completed`` too (its last step is the one the fault-free run reaches)."""
+        if command and self.completed:
+            return True
+        return self.final_loss_within is not None or self.max_false_alarms is not None
+
+
+class Scenario(_Model):
+    """One scenario: a trainer, its faults, the checks, and its weight in the score."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=80)
+    description: str = ""
+    fault_class: FaultClass | None = Field(
+        default=None, alias="class", description="Scored under; from the faults if omitted."
+    )
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    faults: list[FaultSpec] = Field(default_factory=list)
+    expect: Expect
+    weight: float = Field(default=1.0, gt=0, le=100)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("faults", mode="before")
+    @classmethod
+    def _parse_faults(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        # Each fault is validated by its own kind's model (the registry), so the error
+        # names that kind's fields.
+        try:
+            return [
+                f if isinstance(f, FaultSpec) else parse_fault(f, f"faults[{i}]")
+                for i, f in enumerate(value)
+            ]
+        except FaultSpecError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_serializer("faults")
+    def _dump_faults(self, faults: list[FaultSpec]) -> list[dict[str, Any]]:
+        return [f.model_dump(mode="json", exclude_defaults=True) | {"kind": f.kind} for f in faults]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        if not self.expect.checks():
+            raise ValueError("expect asks for no check; a scenario needs at least one")
+        steps = self.trainer.steps
+        for i, fault in enumerate(self.faults):
+            self._check_node(i, fault)
+        problems = FaultPlan(tuple(self.faults)).problems(
+            steps, self.trainer.world_size, ("trainer.steps", "trainer.world_size")
+        )
+        if problems:
+            raise ValueError(problems[0])
+        for name, bound in (
+            ("expect.max_lost_steps", self.expect.max_lost_steps),
+            ("expect.mttr.max_steps", self.expect.mttr.max_steps if self.expect.mttr else None),
+        ):
+            if bound is not None and bound > steps:
+                raise ValueError(f"{name} {bound} is past trainer.steps {steps}; it cannot bind")
+        detected = self.expect.detected
+        if detected is not None and detected is not False and not self.faults:
+            raise ValueError("expect.detected needs a fault to detect; faults is empty")
+        return self
+
+    def _check_node(self, i: int, fault: FaultSpec) -> None:
+        """A node fault must name a node the (Docker) trainer has."""
+        node = fault.target_node()
+        if node is None:
+            return
+        trainer = self.trainer
+        if trainer.launcher != "docker":
+            raise ValueError(
+                f"faults[{i}] ({fault.kind}) targets node {node}, but node faults need "
+                "launcher: docker"
+            )
+        if node >= trainer.nodes:
+            raise ValueError(
+                f"faults[{i}] ({fault.kind}) targets node {node}, but the trainer has "
+                f"nodes 0..{trainer.nodes - 1}"
+            )
+
+    @property
+    def scored_class(self) -> str:
+        """The fault class this scenario counts under."""
+        if self.fault_class is not None:
+            return self.fault_class
+        if not self.faults:
+            return "none"
+        return self.faults[0].fault_class
+
+    def plan(self) -> dict[str, Any]:
+        """The fault plan the trainer receives (`faults.FaultPlan.from_dict` reads it)."""
+        return {"faults": self._dump_faults(self.faults)}
+
+
+class SuiteDefaults(_Model):
+    """What every scenario of a suite starts from; a scenario's own keys win."""
+
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    expect: dict[str, Any] = Field(default_factory=dict)
+    weight: float | None = Field(default=None, gt=0, le=100)
+
+
+class Suite(_Model):
+    """A named list of scenarios."""
+
+    name: str
+    description: str = ""
+    scenarios: list[Scenario]
+    #: Where the suite was read from, for messages (not part of the file).
+    source: str = Field(default="<memory>", exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Suite:
+        seen: set[str] = set()
+        for s in self.scenarios:
+            if s.name in seen:
+                raise ValueError(f"two scenarios are named {s.name!r}; names must be unique")
+            seen.add(s.name)
+        if not self.scenarios:
+            raise ValueError("scenarios is empty")
+        return self

@@ -1,0 +1,116 @@
+"""The hang monitor: a small process beside each rank that kills the rank when it hangs.
+
+Started by `reference_trainer.processes.watchdog.Heartbeat`; see that module for why. It reads the
+rank's heartbeat every ``--poll`` seconds and exits quietly when the rank exits or removes
+its heartbeat. When the heartbeat is older than the timeout the rank wrote into it, it
+journals ``detected`` (``hang_watchdog``) and ``rank_lost`` for the rank(s) that fell
+behind, as the rank itself, then SIGKILLs the rank: torchrun sees a failed worker, stops
+the others and restarts the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.records.journal import JournalWriter
+from harness.run_layout import RunLayout
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a stopped one is alive)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def behind(beats: dict[int, dict[str, Any]], now: float) -> list[int]:
+    """Ranks that fell behind: the lowest step among those that beat, or the stalest."""
+    if not beats:
+        return []
+    low = min(b["step"] for b in beats.values())
+    if any(b["step"] > low for b in beats.values()):
+        return sorted(r for r, b in beats.items() if b["step"] == low)
+    oldest = min(b["wall"] for b in beats.values())
+    return sorted(r for r, b in beats.items() if b["wall"] == oldest and now - oldest > 0)
+
+
+def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> int:
+    """Watch one rank until it exits (0) or hangs (killed; 1)."""
+    own = RunLayout(run_dir).heartbeat_file(rank)
+    while True:
+        time.sleep(poll)
+        beat = _read(own)
+        if beat is None or not _alive(pid):
+            return 0
+        now = time.time()
+        stalled = now - float(beat["wall"])
+        if stalled <= float(beat["timeout"]):
+            continue
+        beats = {
+            r: b
+            for r in range(world_size)
+            if (b := _read(RunLayout(run_dir).heartbeat_file(r))) is not None
+            and b.get("restart") == beat.get("restart")
+        }
+        lost = behind(beats, now)
+        with JournalWriter(run_dir, rank, restart=int(beat.get("restart", 0))) as journal:
+            journal.emit(
+                "detected",
+                int(beat["step"]),
+                detector="hang_watchdog",
+                details={
+                    "stalled_seconds": round(stalled, 3),
+                    "timeout": beat["timeout"],
+                    "lost_ranks": lost,
+                    "steps": {str(r): b["step"] for r, b in beats.items()},
+                },
+            )
+            for r in lost:
+                journal.emit(
+                    "rank_lost",
+                    int(beat["step"]),
+                    lost_rank=r,
+                    reason=f"no progress past step {beats[r]['step']} for over "
+                    f"{beat['timeout']:.1f} s",
+                )
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)  # a stopped process heeds nothing else
+        return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m reference_trainer.processes.hang_monitor``."""
+    p = argparse.ArgumentParser(prog="hang_monitor", description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--poll", type=float, default=0.25)
+    args = p.parse_args(argv)
+    # The rank's own terminal signals (Ctrl-C) are not for the monitor.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return watch(args.run_dir, args.rank, args.world_size, args.pid, args.poll)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""The stability mechanisms, each switchable: clipping, loss scaling, precision switching,
+loss-spike detectors, recovery."""
