@@ -22,7 +22,6 @@ from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
 from reference_trainer.checkpoints.run_dir import check_fresh, check_resumable, lost_ranks
 from reference_trainer.config import TrainConfig
-from reference_trainer.errors import CheckpointError
 from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.data import (
     DocumentPipeline,
@@ -46,7 +45,8 @@ from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.loss_spikes import SpikeMonitor
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
-from reference_trainer.stability.recovery import Decision, Failure, RecoveryPolicy
+from reference_trainer.stability.recovery import Failure, RecoveryPolicy
+from reference_trainer.stability.recovery_run import RecoveryRun
 from reference_trainer.step import Trainer
 
 
@@ -188,6 +188,18 @@ class Run:
             claim=self.agent.claim,
         )
         self.policy = RecoveryPolicy(cfg.stability.recovery)
+        self.recovery = RecoveryRun(
+            self.policy,
+            self.checkpoints,
+            self.trainer,
+            restore=lambda path, state: self.restore(path, state, rollback=True),
+            agent=self.agent,
+            diagnosis=RunLayout(run_dir).diagnosis if topo.is_main else None,
+            say=lambda message: _print(topo, message),
+            lr_backoff=cfg.stability.recovery.lr_backoff,
+            retry_steps=cfg.stability.recovery.retry_steps,
+            windows_per_step=cfg.global_batch(topo.world_size),
+        )
         self.spikes = SpikeMonitor(cfg.stability.spikes)
         self.skips = 0
         self.gave_up = False
@@ -302,7 +314,8 @@ class Run:
                 agent.claim(claim)
             failure = self._failure(step, result.skipped, loss)
             if failure is not None and cfg.stability.recovery.enabled:
-                resumed = self._recover_or_give_up(failure)
+                resumed = self.recovery.recover_or_give_up(failure)
+                self.skips = 0
                 agent.end_step()
                 self._beat(step)
                 if resumed is None:
@@ -371,80 +384,6 @@ class Run:
         if self.spikes.acting(claims):
             return Failure(step, "loss_spike", {"loss": loss})
         return None
-
-    def _recover_or_give_up(self, failure: Failure) -> int | None:
-        """Climb the policy's levels until one works; None when all are exhausted."""
-        while True:
-            decision = self.policy.decide(failure)
-            if decision.action == "give_up":
-                self._give_up(decision)
-                return None
-            try:
-                return self._recover(decision)
-            except CheckpointError as exc:  # nothing to roll back to at this level
-                details = {"level": decision.level, "reason": str(exc)}
-                self.agent.claim(Detected(detector="recovery_failed", details=details))
-
-    def _recover(self, decision: Decision) -> int:
-        """Carry out a recovery decision; returns the step training continues after."""
-        failure, recovery = decision.failure, self.cfg.stability.recovery
-        if decision.level == 1:
-            path, state = self.checkpoints.load_valid()
-        elif decision.level == 2:
-            path, state = self._older_or_latest()
-        else:
-            floor = max(failure.step - recovery.retry_steps, 0)
-            try:
-                path, state = self.checkpoints.load_valid(at_most_step=floor)
-            except CheckpointError:  # nothing that old: the oldest valid one will do
-                path, state = self._oldest_valid()
-        step = self.restore(path, state, rollback=True)
-        details: dict[str, Any] = {
-            "level": decision.level,
-            "failure": failure.reason,
-            "failed_at": failure.step,
-            "checkpoint": path.name,
-            "resumed_at": step,
-        }
-        if decision.level == 2:
-            self.trainer.lr_scale *= recovery.lr_backoff
-            windows = (failure.step - step) * self.cfg.global_batch(self.topo.world_size)
-            self.trainer.stream.skip(windows)
-            details |= {"lr_scale": self.trainer.lr_scale, "skipped_windows": windows}
-        if decision.level >= 3:
-            self.trainer.force_fp32()
-            details["precision"] = "fp32"
-        self.skips = 0
-        self.agent.claim(Recovered(action=decision.action, details=details))
-        _print(
-            self.topo,
-            f"recovery level {decision.level} ({decision.action}): "
-            f"{failure.reason} at step {failure.step}, resuming after step {step}",
-        )
-        return step
-
-    def _older_or_latest(self) -> tuple[Path, dict[str, Any]]:
-        try:
-            return self.checkpoints.load_valid(skip=1)
-        except CheckpointError:
-            return self.checkpoints.load_valid()
-
-    def _oldest_valid(self) -> tuple[Path, dict[str, Any]]:
-        valid = ckpt.complete_checkpoints(self.run_dir)
-        if not valid:
-            return self.checkpoints.load_valid()
-        return self.checkpoints.load_valid(at_most_step=ckpt.checkpoint_step(valid[0]))
-
-    def _give_up(self, decision: Decision) -> None:
-        if self.topo.is_main:
-            RunLayout(self.run_dir).diagnosis.write_text(self.policy.diagnosis())
-        details = {"failure": decision.failure.reason, "step": decision.failure.step}
-        self.agent.claim(Detected(detector="recovery_exhausted", details=details))
-        _print(
-            self.topo,
-            f"recovery exhausted at step {decision.failure.step}; "
-            f"diagnosis in {RunLayout(self.run_dir).diagnosis}",
-        )
 
     def _banner(self, start: int, last: int) -> str:
         cfg, topo = self.cfg, self.topo
