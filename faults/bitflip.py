@@ -20,8 +20,8 @@ else:
 from faults.errors import InjectionError
 from faults.gradient import GradientFaultSpec, GradientInjector, no_match
 from faults.injector import Injection, StepContext, matching_parameters, require_model
-from faults.numeric import as_1d_if_scalar, flat_coords, require_optimizer
 from faults.spec import FaultClass, seeded
+from faults.tensors import as_1d_if_scalar, flat_coords, require_optimizer
 
 BitClass = Literal["sign", "exponent", "mantissa"]
 

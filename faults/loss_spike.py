@@ -19,8 +19,8 @@ else:
 
 from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext
-from faults.numeric import require_optimizer, share, torch_generator
 from faults.spec import FaultClass, FaultSpec
+from faults.tensors import require_optimizer, share, torch_generator
 
 # -- lr_spike ------------------------------------------------------------------------------
 

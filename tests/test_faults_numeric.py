@@ -17,7 +17,7 @@ from torch import nn
 from faults import FaultSpecError, InjectionError, StepContext, build_injector, kinds, parse_fault
 from faults.bitflip import LAYOUTS, BitflipSpec
 from faults.injector import Injection, Injector
-from faults.numeric import share
+from faults.tensors import share
 
 VOCAB, D = 32, 16
 NUMERIC = ["nan_grad", "inf_grad", "bitflip", "activation_overflow", "grad_underflow"]
