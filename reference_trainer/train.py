@@ -250,7 +250,7 @@ class Run:
         if topo.is_main:
             if not resume:
                 cfg.save(self.run_dir)
-            has_id = (self.run_dir / ckpt.RUN_ID_FILE).exists()
+            has_id = RunLayout(self.run_dir).run_id.exists()
             if (not resume and not topo.restart) or not (has_id or self._has_checkpoints()):
                 ckpt.new_run_id(self.run_dir)  # (a restart before the first save keeps its id)
             ckpt.remove_unfinished(self.run_dir)  # no save is in flight before step 1

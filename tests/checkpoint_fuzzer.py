@@ -42,7 +42,8 @@ import torch
 
 from harness.errors import TightropeError
 from harness.records.journal import read_journal
-from reference_trainer.checkpoints.files import CHECKPOINT_DIR, load_rng
+from harness.run_layout import RunLayout
+from reference_trainer.checkpoints.files import load_rng
 from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
 from reference_trainer.checkpoints.run_dir import check_resumable
 from tests.checkpoint_mutations import MUTATIONS, Target
@@ -239,7 +240,7 @@ def build_pristine(base: Path, timeout: float = 600) -> Pristine:
     files = tree_digests(run)
     parents = {}
     for name in files:
-        manifest = json.loads((run / CHECKPOINT_DIR / name / "manifest.json").read_text())
+        manifest = json.loads((RunLayout(run).checkpoints / name / "manifest.json").read_text())
         parents[name] = manifest.get("parent")
     return Pristine(run, other, _truth(run), _truth(other), files, parents)
 
@@ -258,7 +259,7 @@ def _truth(run_dir: Path) -> dict[str, str]:
 
 def tree_digests(run_dir: Path) -> dict[str, dict[str, str]]:
     """Step name -> file name -> SHA-256, for every real step directory of a run."""
-    root = run_dir / CHECKPOINT_DIR
+    root = RunLayout(run_dir).checkpoints
     found: dict[str, dict[str, str]] = {}
     for name in sorted(os.listdir(root)):
         folder = root / name
@@ -278,7 +279,7 @@ def valid_checkpoints(run_dir: Path, pristine: Pristine) -> set[str]:
     pristine run's under their own names (a real directory, nothing added or missing)."""
     intact = set()
     for name, expected in pristine.files.items():
-        folder = run_dir / CHECKPOINT_DIR / name
+        folder = RunLayout(run_dir).checkpoints / name
         if folder.is_symlink() or not folder.is_dir():
             continue
         names = sorted(os.listdir(folder))
@@ -316,7 +317,7 @@ def judge_load(
     """A load of ``path``: valid, benign (bit-identical to the truth of its name) or
     corrupt; rewound when a newer checkpoint was valid."""
     name = path.name
-    in_place = path.parent == run_dir / CHECKPOINT_DIR
+    in_place = path.parent == RunLayout(run_dir).checkpoints
     truth = pristine.truth.get(name) if in_place else None
     if in_place and name in valid and digest == truth:
         verdict = Verdict("loaded")
@@ -369,7 +370,7 @@ def run_cli(run_dir: Path, timeout: float) -> tuple[int | None, str, str]:
     """``--resume`` the run with the reference trainer's CLI: its exit code (None on
     timeout, when the trainer's process group is killed), and the last MiB of its stdout
     and stderr (kept in files beside the run: a loader may print a 64 MiB ``latest``)."""
-    top = max((_step(n) for n in os.listdir(run_dir / CHECKPOINT_DIR)), default=STEPS)
+    top = max((_step(n) for n in os.listdir(RunLayout(run_dir).checkpoints)), default=STEPS)
     steps = str(max(top, STEPS) + 2)
     argv = [sys.executable, "-m", "reference_trainer", "--resume", "--run-dir", str(run_dir)]
     argv += ["--steps", steps, "--checkpoint-every", "1000", "--log-every", "1000"]

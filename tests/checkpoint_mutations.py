@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.checkpoints.files import CHECKPOINT_DIR, LATEST, checkpoint_name
+from harness.run_layout import RunLayout
+from reference_trainer.checkpoints.files import LATEST, checkpoint_name
 from reference_trainer.checkpoints.manifest import MANIFEST
 
 PAGE = 4096
@@ -51,7 +52,7 @@ class Target:
     @property
     def root(self) -> Path:
         """The copy's checkpoints folder."""
-        return self.run / CHECKPOINT_DIR
+        return RunLayout(self.run).checkpoints
 
     def checkpoints(self) -> list[str]:
         """Names of the real (not symlinked) step directories present now, oldest first."""
@@ -208,7 +209,7 @@ def copy_dir(t: Target) -> str | None:
 
 def foreign_dir(t: Target) -> str | None:
     """Copy a checkpoint of the other run in, at an unused higher name or over one of ours."""
-    theirs = sorted(n for n in _names(t.other / CHECKPOINT_DIR) if _STEP.fullmatch(n))
+    theirs = sorted(n for n in _names(RunLayout(t.other).checkpoints) if _STEP.fullmatch(n))
     ours = t.checkpoints()
     name = t.rng.choice(theirs)
     if ours and t.rng.random() < 0.5:
@@ -217,7 +218,7 @@ def foreign_dir(t: Target) -> str | None:
         how = "over"
     else:
         dest, how = t.unused_higher(), "to"
-    shutil.copytree(t.other / CHECKPOINT_DIR / name, t.root / dest, symlinks=True)
+    shutil.copytree(RunLayout(t.other).checkpoints / name, t.root / dest, symlinks=True)
     return f"foreign_dir other run's {name} {how} {dest}"
 
 
@@ -240,10 +241,12 @@ def symlink(t: Target) -> str | None:
         name = t.rng.choice(ours)
         os.symlink(name, t.root / dest)  # relative: a sibling in the same folder
         return f"symlink {dest} -> {name} (inside the run)"
-    name = t.rng.choice(sorted(n for n in _names(t.other / CHECKPOINT_DIR) if _STEP.fullmatch(n)))
+    name = t.rng.choice(
+        sorted(n for n in _names(RunLayout(t.other).checkpoints) if _STEP.fullmatch(n))
+    )
     copy = t.outside / name
     if not copy.exists():
-        shutil.copytree(t.other / CHECKPOINT_DIR / name, copy, symlinks=True)
+        shutil.copytree(RunLayout(t.other).checkpoints / name, copy, symlinks=True)
     os.symlink(copy, t.root / dest)
     return f"symlink {dest} -> other run's {name} (outside the run)"
 

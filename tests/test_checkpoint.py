@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from harness.records.events import Reported
+from harness.run_layout import RunLayout
 from reference_trainer.checkpoints import files
 from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
 from reference_trainer.errors import CheckpointError
@@ -45,7 +46,7 @@ def manager(run_dir: Path, journal: Journal | None = None, **config: Any) -> Che
     """A rank-0 manager of ``run_dir``, which gets a run id as a fresh run does."""
     config.setdefault("asynchronous", False)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not (run_dir / files.RUN_ID_FILE).exists():
+    if not RunLayout(run_dir).run_id.exists():
         files.new_run_id(run_dir)
     return CheckpointManager(
         run_dir,

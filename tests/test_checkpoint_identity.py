@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from harness.run_layout import RunLayout
 from reference_trainer.checkpoints import files
 from reference_trainer.checkpoints.run_dir import check_resumable
 from reference_trainer.errors import CheckpointError, RunDirError
@@ -24,7 +25,7 @@ def saved(run_dir: Path, steps: tuple[int, ...] = (10, 20, 30)) -> Path:
     m = manager(run_dir)
     for step in steps:
         m.save(step, _state(step))
-    return files.checkpoint_root(run_dir)
+    return RunLayout(run_dir).checkpoints
 
 
 def resumed(run_dir: Path) -> tuple[str, dict[str, Any], list[str]]:

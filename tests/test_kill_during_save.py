@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.run_layout import RunLayout
 from reference_trainer.checkpoints import files
 from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
 from reference_trainer.errors import CheckpointError
@@ -82,7 +83,7 @@ def test_a_kill_at_any_moment_of_a_save_leaves_a_resumable_run(tmp_path: Path) -
         assert ready.wait(60), "the saver never started"
         time.sleep(rng.uniform(0.0, 0.4))
         killed_mid_write += any(
-            p.name.endswith(".tmp") for p in files.checkpoint_root(tmp_path).glob(".*")
+            p.name.endswith(".tmp") for p in RunLayout(tmp_path).checkpoints.glob(".*")
         )
         assert child.pid is not None
         os.kill(child.pid, signal.SIGKILL)

@@ -32,20 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.run_layout import RunLayout
 from reference_trainer.errors import CheckpointError
 
-CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "state.pt"
-RUN_ID_FILE = "run-id"
 _NAME = re.compile(r"step-(\d{8})")
 _TMP = re.compile(r"\.step-\d{8}\.tmp")
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
-
-
-def checkpoint_root(run_dir: Path) -> Path:
-    """The folder holding a run's checkpoints."""
-    return run_dir / CHECKPOINT_DIR
 
 
 def checkpoint_name(step: int) -> str:
@@ -147,7 +141,7 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     """Published checkpoint directories, oldest first: real directories named
     ``step-NNNNNNNN`` (hidden in-progress ones and symlinks excluded). Whether one is
     intact and this run's is for `reference_trainer.checkpoints.manifest` to say."""
-    root = checkpoint_root(run_dir)
+    root = RunLayout(run_dir).checkpoints
     try:
         entries = list(root.iterdir())
     except (FileNotFoundError, NotADirectoryError):
@@ -166,7 +160,7 @@ def latest_hint(run_dir: Path) -> str | None:
     """The name ``latest`` holds, when it is a small regular file naming a checkpoint;
     None otherwise (missing, empty, garbage, a symlink, a directory, a FIFO: none of them
     blocks or raises)."""
-    pointer = checkpoint_root(run_dir) / LATEST
+    pointer = RunLayout(run_dir).checkpoints / LATEST
     try:
         fd = os.open(pointer, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -190,8 +184,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint ``latest`` names when that is a real checkpoint directory, else the
     newest by name; None when the run has none. Trusted only without integrity checks."""
     name = latest_hint(run_dir)
-    if name is not None and _real_dir(checkpoint_root(run_dir) / name):
-        return checkpoint_root(run_dir) / name
+    if name is not None and _real_dir(RunLayout(run_dir).checkpoints / name):
+        return RunLayout(run_dir).checkpoints / name
     done = complete_checkpoints(run_dir)
     return done[-1] if done else None
 
@@ -199,7 +193,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def remove_unfinished(run_dir: Path) -> list[Path]:
     """Delete the ``.step-N.tmp`` folders of saves that never finished (a crash or kill
     mid-save); rank 0 calls this before its first step, while no save is in flight."""
-    root = checkpoint_root(run_dir)
+    root = RunLayout(run_dir).checkpoints
     try:
         stale = [p for p in root.iterdir() if _TMP.fullmatch(p.name) and _real_dir(p)]
     except (FileNotFoundError, NotADirectoryError):
@@ -212,19 +206,20 @@ def remove_unfinished(run_dir: Path) -> list[Path]:
 def new_run_id(run_dir: Path) -> str:
     """Give a fresh run its id (``RUN_DIR/run-id``), written atomically and fsynced."""
     run_id = uuid.uuid4().hex
-    tmp = run_dir / f".{RUN_ID_FILE}.tmp"
+    path = RunLayout(run_dir).run_id
+    tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
         f.write(run_id + "\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, run_dir / RUN_ID_FILE)
+    os.replace(tmp, path)
     fsync_dir(run_dir)
     return run_id
 
 
 def read_run_id(run_dir: Path) -> str:
     """The run's id; a `CheckpointError` when the file is missing or not an id."""
-    path = run_dir / RUN_ID_FILE
+    path = RunLayout(run_dir).run_id
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from harness.records.events import CheckpointRejected, CheckpointSaved
+from harness.run_layout import RunLayout
 from reference_trainer.checkpoints import files
 from reference_trainer.checkpoints.delta import DeltaBlob, DeltaError, decode_delta, encode_delta
 from reference_trainer.checkpoints.manifest import (
@@ -83,7 +84,7 @@ class CheckpointManager:
         claim: Claim,
     ) -> None:
         self.run_dir = run_dir
-        self.root = files.checkpoint_root(run_dir)
+        self.root = RunLayout(run_dir).checkpoints
         self.config = config
         self.rank = rank
         self.keep = keep

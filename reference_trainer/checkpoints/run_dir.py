@@ -6,7 +6,7 @@ from pathlib import Path
 
 from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
-from reference_trainer.checkpoints.files import checkpoint_root, complete_checkpoints, read_run_id
+from reference_trainer.checkpoints.files import complete_checkpoints, read_run_id
 from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
 from reference_trainer.errors import CheckpointError, RunDirError
 
@@ -75,7 +75,7 @@ def check_resumable(run_dir: Path, *, integrity: bool = True) -> Path | None:
         return path
     shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
     raise RunDirError(
-        f"--resume: none of the {len(found)} checkpoint(s) in {checkpoint_root(run_dir)} is "
+        f"--resume: none of the {len(found)} checkpoint(s) in {RunLayout(run_dir).checkpoints} is "
         f"intact and this run's ({shown})"
     )
 
