@@ -11,17 +11,15 @@ from pathlib import Path
 import pytest
 
 from reference_trainer.checkpoints.manager import CheckpointConfig
-from tests.checkpoint_fuzzer import (
-    FAILURES,
+from tests.checkpoint_fuzzer import FAILURES, Settings, fuzz
+from tests.checkpoint_mutations import MUTATIONS
+from tests.checkpoint_truth import (
     Pristine,
     Resume,
-    Settings,
     build_pristine,
     checkpoint_manager,
     content_digest,
-    fuzz,
 )
-from tests.checkpoint_mutations import MUTATIONS
 
 pytestmark = pytest.mark.slow
 
