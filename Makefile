@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tightrope-installed
 # One thread per rank: two ranks share this machine's cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint browser bench clean
+.PHONY: demo test lint browser bench fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/suite_time.py
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/agent_overhead.py
+
+## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.checkpoint_fuzzer --cases 1000 --seed 0 --cli-every 20
 
 clean:
 	rm -rf runs .tightrope-cache .mypy_cache .ruff_cache .pytest_cache
