@@ -145,7 +145,7 @@ def node_mounts(
     workdir: Path, run_dir: Path, extra: Iterable[Path] = (), *, harness_root: Path | None = None
 ) -> list[NodeMount]:
     """The bind mounts of a node: host libraries, Python, project (read-only), run dir."""
-    harness_root = harness_root or Path(__file__).resolve().parent.parent
+    harness_root = harness_root or Path(__file__).resolve().parents[2]  # the project
     mounts: list[NodeMount] = []
     for system in SYSTEM_PATHS:
         path = Path(system)

@@ -312,4 +312,4 @@ def _engine_url(client: docker.DockerClient) -> str:
 
 
 def _harness_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    return str(Path(__file__).resolve().parents[2])  # the project

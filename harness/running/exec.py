@@ -30,7 +30,8 @@ from harness.running.process_tree import kill_tree
 
 ENV_RUN_DIR = "TIGHTROPE_RUN_DIR"
 ENV_PLAN = "TIGHTROPE_PLAN"
-BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
+#: The folder whose sitecustomize.py attaches the agent inside the command (harness.inside).
+BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "inside" / "_bootstrap"
 
 
 def check_plan(plan: FaultPlan) -> FaultPlan:

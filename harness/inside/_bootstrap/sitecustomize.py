@@ -26,7 +26,7 @@ def _attach() -> None:
     try:
         from harness.inside.exec_runtime import bootstrap
     except ImportError:  # tightrope is not installed where this interpreter looks
-        sys.path.append(str(_HERE.parent.parent))
+        sys.path.append(str(_HERE.parents[2]))  # the project: harness/inside/_bootstrap
         from harness.inside.exec_runtime import bootstrap
     bootstrap()
 
