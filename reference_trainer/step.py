@@ -66,8 +66,8 @@ class Trainer:
     max_lr: float
     #: Multiplier on the schedule, lowered by level-2 recovery.
     lr_scale: float = 1.0
-    #: Set by level-3 recovery: train in fp32 from now on, whatever checkpoints say.
-    fp32_forced: bool = False
+    #: Set by level-3 recovery: train in fp32 up to this step, whatever checkpoints say.
+    fp32_until: int | None = None
     #: Whether this process received SIGTERM (shared with every rank at each step).
     preempt_requested: Callable[[], bool] = lambda: False
     layers: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict)
@@ -212,10 +212,22 @@ class Trainer:
         mean = float(packed[0] / n) if all_finite else float(packed[2] / n)
         return mean, all_finite, bool(packed[3] > 0)
 
-    def force_fp32(self) -> None:
-        """Train in fp32 from now on (level-3 recovery): no autocast, no loss scaling."""
-        self.fp32_forced = True
+    def force_fp32(self, until: int) -> None:
+        """Train in fp32 up to step ``until`` (level-3 recovery): no autocast, no loss
+        scaling; `end_fp32_retry` returns to the configured precision after it."""
+        self.fp32_until = until
         self._set_precision("fp32")
+
+    def end_fp32_retry(self, step: int) -> bool:
+        """After step ``step``: back to the configured precision (a fresh loss scale) once
+        the fp32 retry has redone the steps up to the failure; True when that changed the
+        precision (an fp32 run has nothing to return to)."""
+        if self.fp32_until is None or step < self.fp32_until:
+            return False
+        self.fp32_until = None
+        self._set_precision(self.cfg.precision)
+        self.scaler.reset()
+        return self.cfg.precision != "fp32"
 
     def _set_precision(self, name: str) -> None:
         self.precision = Precision(name, self.topo.device.type)
@@ -240,6 +252,7 @@ class Trainer:
             "trainer": {
                 "lr_scale": self.lr_scale,
                 "precision": self.precision.name,
+                "fp32_until": self.fp32_until,
                 "monitor": self.monitor.state_dict() if self.monitor else {},
             },
         }
@@ -252,9 +265,9 @@ class Trainer:
         self.stream.load_state_dict(state["data"])
         extra = state.get("trainer", {})
         self.lr_scale = float(extra.get("lr_scale", 1.0))
-        self._set_precision(
-            "fp32" if self.fp32_forced else extra.get("precision", self.cfg.precision)
-        )
+        if extra.get("fp32_until") is not None and self.fp32_until is None:
+            self.fp32_until = int(extra["fp32_until"])  # a retry the checkpoint was inside
+        self._set_precision("fp32" if self.fp32_until is not None else self.cfg.precision)
         if self.monitor is not None and extra.get("monitor"):
             self.monitor.load_state_dict(extra["monitor"])
         return int(state["step"])

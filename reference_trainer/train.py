@@ -179,6 +179,7 @@ class Run:
             run_dir, rank=topo.rank, world_size=topo.world_size, restart=topo.restart, plan=plan
         )
         self.trainer = build(cfg, run_dir, topo, self.agent)
+        recovery = cfg.stability.recovery
         self.checkpoints = CheckpointManager(
             run_dir,
             cfg.stability.checkpoints,
@@ -186,6 +187,7 @@ class Run:
             keep=cfg.keep_checkpoints,
             barrier=lambda: distributed.barrier(topo),
             claim=self.agent.claim,
+            keep_back=recovery.retry_steps if recovery.enabled else 0,
         )
         self.policy = RecoveryPolicy(cfg.stability.recovery)
         self.recovery = RecoveryRun(
@@ -197,6 +199,7 @@ class Run:
             diagnosis=RunLayout(run_dir).diagnosis if topo.is_main else None,
             say=lambda message: _print(topo, message),
             lr_backoff=cfg.stability.recovery.lr_backoff,
+            skip_data=cfg.stability.recovery.skip_data,
             retry_steps=cfg.stability.recovery.retry_steps,
             windows_per_step=cfg.global_batch(topo.world_size),
         )
@@ -330,6 +333,9 @@ class Run:
                 continue
             if failure is None:
                 self.policy.good_step()
+                if self.trainer.end_fp32_retry(step):  # the retried steps are redone
+                    details = {"precision": cfg.precision, "after_step": step}
+                    agent.claim(Recovered(action="precision_restored", details=details))
             saved = step % cfg.checkpoint_every == 0 or step == last
             if saved:
                 self.checkpoints.save(step, self.state_dict(step) if self.topo.is_main else None)

@@ -243,3 +243,15 @@ def test_rng_states_round_trip(tmp_path: Path) -> None:
     assert torch.equal(torch.rand(3), expected[0])
     assert np.array_equal(np.random.rand(3), expected[1])
     assert random.random() == expected[2]
+
+
+def test_retention_keeps_one_checkpoint_far_enough_back_for_an_fp32_retry(tmp_path: Path) -> None:
+    m = manager(tmp_path, full_every=1)
+    m.keep, m.keep_back = 2, 30
+    for step in range(10, 101, 10):
+        m.save(step, _state(step))
+    left = [files.checkpoint_step(p) for p in files.complete_checkpoints(tmp_path)]
+    assert left == [70, 80, 90, 100]  # from 70, the newest at least 30 steps before 100
+    m.keep_back = 0
+    m.save(110, _state(110))
+    assert [files.checkpoint_step(p) for p in files.complete_checkpoints(tmp_path)] == [100, 110]

@@ -81,7 +81,8 @@ def test_recovery_escalates_through_every_level_then_stops_with_a_diagnosis(
     actions = [(e["action"], e["details"]["level"]) for e in claims(journal, "recovered")]
     assert actions == [("rollback", 1), ("rollback_lower_lr", 2), ("fp32_retry", 3)]
     lowered = claims(journal, "recovered", "rollback_lower_lr")[0]["details"]
-    assert lowered["lr_scale"] == pytest.approx(0.8) and lowered["skipped_windows"] > 0
+    # The same data again at a lower learning rate: skipping it is an option, not a default.
+    assert lowered["lr_scale"] == pytest.approx(0.8) and "skipped_windows" not in lowered
     assert claims(journal, "detected", "recovery_exhausted")
     (end,) = journal.of_kind("run_end")
     assert end["status"] == "failed" and "diagnosis.md" in end["reason"]
@@ -140,3 +141,12 @@ def test_without_dedup_tagged_duplicates_reach_the_model(tmp_path: Path) -> None
     docs, tainted = sum(e["docs"] for e in steps), sum(e["contaminated_docs"] for e in steps)
     assert tainted >= 3 and 0.01 < tainted / docs < 0.12
     assert not claims(journal, "detected", "dedup")
+
+
+def test_level_two_skips_the_failing_data_only_when_asked(tmp_path: Path) -> None:
+    cfg = config(steps=60)
+    cfg.stability.recovery.skip_data = True
+    faults = [{"kind": "inf_grad", "at_step": 12, "every": 1}]
+    _, journal = run(tmp_path, cfg, faults)
+    lowered = claims(journal, "recovered", "rollback_lower_lr")[0]["details"]
+    assert lowered["skipped_windows"] > 0

@@ -76,7 +76,14 @@ def test_a_collapsed_loss_scale_retries_in_fp32(tmp_path: Path) -> None:
     result, journal = run(tmp_path, cfg, faults)
     assert result.status == "completed" and finite_at_end(journal)
     (retry,) = claims(journal, "recovered", "fp32_retry")
-    assert retry["details"]["failure"] == "loss_scale_collapsed"
-    assert retry["details"]["precision"] == "fp32"
-    after = [e for s, e in journal.steps().items() if s > retry["details"]["resumed_at"]]
-    assert after and all(e["loss_scale"] is None for e in after)
+    details = retry["details"]
+    assert details["failure"] == "loss_scale_collapsed" and details["precision"] == "fp32"
+    # The steps from the checkpoint to the failure are retried in fp32 (unscaled)...
+    steps = journal.steps()
+    retried = [steps[s] for s in range(details["resumed_at"] + 1, details["fp32_until"] + 1)]
+    assert retried and all(e["loss_scale"] is None for e in retried)
+    # ...then the run returns to fp16 with a fresh loss scale, and stays healthy.
+    (restored,) = claims(journal, "recovered", "precision_restored")
+    assert restored["details"] == {"precision": "fp16", "after_step": details["fp32_until"]}
+    later = [e for s, e in steps.items() if s > details["fp32_until"]]
+    assert later and all(e["loss_scale"] == 2.0**16 for e in later[:5])

@@ -82,12 +82,16 @@ class CheckpointManager:
         keep: int,
         barrier: Callable[[], None],
         claim: Claim,
+        keep_back: int = 0,
     ) -> None:
         self.run_dir = run_dir
         self.root = RunLayout(run_dir).checkpoints
         self.config = config
         self.rank = rank
         self.keep = keep
+        #: Also keep the newest checkpoint at least this many steps before the newest one
+        #: (the fp32 retry of level-3 recovery rolls back that far).
+        self.keep_back = keep_back
         self.barrier = barrier
         self.claim = claim
         self.last_verified: Path | None = None
@@ -190,12 +194,19 @@ class CheckpointManager:
         self.prune()
 
     def prune(self) -> list[Path]:
-        """Keep the newest ``keep`` checkpoints, the full ones their deltas need, and the
-        newest verified one; delete the rest. Only this run's own checkpoints count or
+        """Keep the newest ``keep`` checkpoints, every one from the newest at least
+        ``keep_back`` steps older than the newest checkpoint on, the full ones their deltas
+        need, and the newest verified one; delete the rest. Only this run's own checkpoints count or
         go: a directory whose manifest is not this run's at its name's step is left be."""
         own = {p: self._own_manifest(p) for p in files.complete_checkpoints(self.run_dir)}
         done = [p for p, manifest in own.items() if manifest is not None]
         keep = set(done[-self.keep :])
+        if self.keep_back and done:
+            # Everything from the newest checkpoint at least keep_back steps old onwards:
+            # the younger ones become that checkpoint as training moves on.
+            floor = files.checkpoint_step(done[-1]) - self.keep_back
+            far = [p for p in done if files.checkpoint_step(p) <= floor]
+            keep.update(p for p in done if not far or p >= far[-1])
         for path in list(keep):
             manifest = own[path]
             if manifest is not None and manifest["parent"] is not None:

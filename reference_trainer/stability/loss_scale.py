@@ -66,6 +66,12 @@ class DynamicLossScaler:
         self.good_steps = 0
         self.hysteresis_left = config.hysteresis
 
+    def reset(self) -> None:
+        """Start over from the initial scale (an fp32 retry hands back to fp16)."""
+        self.scale = self.config.init_scale if self.active else 1.0
+        self.good_steps = 0
+        self.hysteresis_left = self.config.hysteresis
+
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss to call backward on."""
         return loss * self.scale if self.active else loss

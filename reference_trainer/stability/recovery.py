@@ -1,9 +1,10 @@
 """The three-level recovery policy: decide what to do when training fails or diverges.
 
     level 1  roll back to the latest valid checkpoint
-    level 2  roll back to the checkpoint before it, lower the learning rate by 20% and
-             skip the data that preceded the failure
-    level 3  switch to fp32 and retry the last `retry_steps` steps
+    level 2  roll back to the checkpoint before it and lower the learning rate by 20%
+             (skipping the data that preceded the failure too is an option, `skip_data`)
+    level 3  roll back at least `retry_steps` steps, retry them in fp32, then return to
+             the configured precision
     then     stop cleanly with a written diagnosis (never loop forever)
 
 A new failure within `escalation_window` good steps of the last recovery climbs one
@@ -33,8 +34,11 @@ class RecoveryConfig:
     """Good steps after a recovery before the level resets."""
     lr_backoff: float = 0.8
     """Level 2 multiplies the learning rate by this."""
+    skip_data: bool = False
+    """Level 2 also skips the data the failed steps trained on (off: the same data again)."""
     retry_steps: int = 100
-    """Level 3 rolls back at least this many steps and retries them in fp32."""
+    """Level 3 rolls back at least this many steps and retries them in fp32; checkpoint
+    retention keeps one checkpoint at least this far back."""
     max_recoveries: int = 20
     """Recoveries in one process before giving up whatever the level (a last backstop)."""
 

@@ -35,6 +35,7 @@ class RecoveryRun:
         diagnosis: Path | None,
         say: Callable[[str], None],
         lr_backoff: float,
+        skip_data: bool,
         retry_steps: int,
         windows_per_step: int,
     ) -> None:
@@ -42,7 +43,7 @@ class RecoveryRun:
         self.restore, self.agent, self.say = restore, agent, say
         #: Where rank 0 writes why it gave up (None on the other ranks).
         self.diagnosis = diagnosis
-        self.lr_backoff, self.retry_steps = lr_backoff, retry_steps
+        self.lr_backoff, self.skip_data, self.retry_steps = lr_backoff, skip_data, retry_steps
         self.windows_per_step = windows_per_step
 
     def recover_or_give_up(self, failure: Failure) -> int | None:
@@ -82,12 +83,15 @@ class RecoveryRun:
         }
         if decision.level == 2:
             self.trainer.lr_scale *= self.lr_backoff
-            windows = (failure.step - step) * self.windows_per_step
-            self.trainer.stream.skip(windows)
-            details |= {"lr_scale": self.trainer.lr_scale, "skipped_windows": windows}
+            details["lr_scale"] = self.trainer.lr_scale
+            if self.skip_data:
+                windows = (failure.step - step) * self.windows_per_step
+                self.trainer.stream.skip(windows)
+                details["skipped_windows"] = windows
         if decision.level >= 3:
-            self.trainer.force_fp32()
-            details["precision"] = "fp32"
+            # fp32 for the steps being retried, up to the one that failed; then back.
+            self.trainer.force_fp32(until=failure.step)
+            details |= {"precision": "fp32", "fp32_until": failure.step}
         self.agent.claim(Recovered(action=decision.action, details=details))
         self.say(
             f"recovery level {decision.level} ({decision.action}): "
