@@ -18,6 +18,7 @@ TRAINER_MECHANISMS = {
     "dedup": "the streaming duplicate filter",
     "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
     "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
+    "lr_floor": "the last 20% trains at a small learning rate (10% of the peak), not at zero",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

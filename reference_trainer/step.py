@@ -83,6 +83,7 @@ class Trainer:
             max_lr=self.max_lr,
             warmup_steps=self.cfg.optim.warmup_steps,
             total_steps=self.cfg.steps,
+            min_lr_ratio=self.cfg.stability.lr_floor,
         )
         return base * self.lr_scale
 

@@ -64,3 +64,14 @@ def test_peak_lr_scales_with_the_square_root_of_the_global_batch() -> None:
     one = peak_lr(cfg, world_size=1)
     assert one == pytest.approx(cfg.optim.base_lr * math.sqrt(cfg.batch_size / 8))
     assert peak_lr(cfg, world_size=4) == pytest.approx(2 * one)
+
+
+def test_the_cosine_ends_at_the_floor_and_stays_there() -> None:
+    max_lr, warmup, total, ratio = 1e-2, 10, 100, 0.1
+    lrs = [
+        lr_at(s, max_lr=max_lr, warmup_steps=warmup, total_steps=total, min_lr_ratio=ratio)
+        for s in range(total)
+    ]
+    assert all(a >= b for a, b in itertools.pairwise(lrs[warmup:]))
+    assert lrs[80:] == [pytest.approx(ratio * max_lr)] * 20
+    assert min(lrs[warmup:]) == pytest.approx(ratio * max_lr)

@@ -150,3 +150,14 @@ def test_level_two_skips_the_failing_data_only_when_asked(tmp_path: Path) -> Non
     _, journal = run(tmp_path, cfg, faults)
     lowered = claims(journal, "recovered", "rollback_lower_lr")[0]["details"]
     assert lowered["skipped_windows"] > 0
+
+
+def test_the_last_fifth_trains_at_the_floor_and_without_it_trains_nothing(tmp_path: Path) -> None:
+    with_floor = run(tmp_path / "floor", config(steps=60))[1]
+    without = run(tmp_path / "zero", config(steps=60, disable=("lr_floor",)))[1]
+    tail = range(49, 61)  # steps 49..60: the last 20%
+    peak = max(e["lr"] for e in with_floor.steps().values())
+    assert all(with_floor.steps()[s]["lr"] == pytest.approx(0.1 * peak) for s in tail)
+    assert {without.steps()[s]["lr"] for s in tail} == {0.0}
+    # Twelve steps that train nothing cost loss the floored run keeps learning off.
+    assert final_loss(with_floor) < final_loss(without)

@@ -79,11 +79,16 @@ def peak_lr(cfg: TrainConfig, world_size: int) -> float:
     return cfg.optim.base_lr * math.sqrt(ratio)
 
 
-def lr_at(step: int, *, max_lr: float, warmup_steps: int, total_steps: int) -> float:
-    """Learning rate of 0-based ``step``: linear warmup, then cosine decay that reaches its
-    floor at 80% of ``total_steps`` and stays flat there:
-    ``max_lr * 0.5 * (1 + cos(pi * min(step, 0.8 T) / (0.8 T)))``."""
+def lr_at(
+    step: int, *, max_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
+) -> float:
+    """Learning rate of 0-based ``step``: linear warmup, then cosine decay from ``max_lr`` to
+    ``min_lr = min_lr_ratio * max_lr``, reached at 80% of ``total_steps`` and kept there:
+    ``min_lr + (max_lr - min_lr) * 0.5 * (1 + cos(pi * min(step, 0.8 T) / (0.8 T)))``.
+    With ``min_lr_ratio`` 0 the last 20% trains at learning rate 0, that is, not at all."""
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     horizon = 0.8 * total_steps
-    return max_lr * 0.5 * (1 + math.cos(math.pi * min(step, horizon) / horizon))
+    min_lr = min_lr_ratio * max_lr
+    cosine = 0.5 * (1 + math.cos(math.pi * min(step, horizon) / horizon))
+    return min_lr + (max_lr - min_lr) * cosine

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from harness.mechanisms import TRAINER_MECHANISMS
 from reference_trainer.checkpoints.manager import CheckpointConfig
+from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
 from reference_trainer.stability.clipping import ClipConfig
@@ -43,6 +44,13 @@ class StabilityConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     preemption: bool = True
     """On SIGTERM, save an emergency checkpoint at the next step boundary, then exit."""
+    lr_floor: float = 0.1
+    """The cosine decays to this fraction of the peak learning rate and the last 20% of the
+    run trains there (0: it decays to zero and the tail trains nothing)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lr_floor < 1:
+            raise ConfigError(f"stability.lr_floor must be in [0, 1), got {self.lr_floor}")
 
     def disable(self, name: str) -> None:
         """Switch off one mechanism by its name (`harness.mechanisms.TRAINER_MECHANISMS`)."""
@@ -63,6 +71,8 @@ class StabilityConfig:
             self.watchdog.enabled = False
         elif name == "preemption":
             self.preemption = False
+        elif name == "lr_floor":
+            self.lr_floor = 0.0
         else:
             raise KeyError(name)
 
