@@ -42,13 +42,15 @@ browser:
 test: lint browser
 	$(BIN)/python -m pytest
 
-## bench: trainer throughput, checkpoint cost, suite wall time, recovery time (benchmarks/results/*.json)
+## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
+## mechanism overhead (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/suite_time.py
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/agent_overhead.py
+	$(BIN)/python benchmarks/mechanisms.py
 
 ## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)
 fuzz: $(STAMP)
