@@ -20,7 +20,7 @@ from harness.records.events import Detected, RankLost, Recovered, Restart
 from harness.run_layout import RunLayout
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
-from reference_trainer.checkpoints.run_dir import check_fresh, check_resumable, lost_ranks
+from reference_trainer.checkpoints.run_dir import check_fresh, check_run, lost_ranks
 from reference_trainer.config import TrainConfig
 from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.data import (
@@ -155,8 +155,10 @@ def train(
     """
     run_dir = Path(run_dir)
     # Every check reads only: no rank may write before all have looked at the same disk.
+    # Which checkpoint a resume starts from is the loader's to find, once (the CLI has
+    # already named it to the user by the same load).
     if resume:
-        check_resumable(run_dir, integrity=cfg.stability.checkpoints.integrity)
+        check_run(run_dir)
     elif not restarted:
         check_fresh(run_dir)
     watchdog = cfg.stability.watchdog
