@@ -156,23 +156,30 @@ def _real_dir(path: Path) -> bool:
         return False
 
 
+def read_plain(path: Path, limit: int) -> bytes | None:
+    """At most ``limit + 1`` bytes of ``path``, or None when it is not a regular file. It
+    never follows a symlink (that is an `OSError`) and never blocks on a FIFO; a missing
+    file is `FileNotFoundError`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
 def latest_hint(run_dir: Path) -> str | None:
     """The name ``latest`` holds, when it is a small regular file naming a checkpoint;
     None otherwise (missing, empty, garbage, a symlink, a directory, a FIFO: none of them
     blocks or raises)."""
-    pointer = RunLayout(run_dir).checkpoints / LATEST
     try:
-        fd = os.open(pointer, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        raw = read_plain(RunLayout(run_dir).checkpoints / LATEST, 64)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = os.read(fd, 64)
-    except OSError:
+    if raw is None:
         return None
-    finally:
-        os.close(fd)
     try:
         name = raw.decode("ascii").strip()
     except UnicodeDecodeError:
@@ -221,11 +228,7 @@ def read_run_id(run_dir: Path) -> str:
     """The run's id; a `CheckpointError` when the file is missing or not an id."""
     path = RunLayout(run_dir).run_id
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        try:
-            raw = os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-        finally:
-            os.close(fd)
+        raw = read_plain(path, 64) or b""
     except FileNotFoundError:
         raise CheckpointError(
             f"{path} is missing: this run dir was not written by this version of the "

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from reference_trainer.checkpoints.files import read_plain
 from reference_trainer.errors import CheckpointError
 
 MANIFEST = "manifest.json"
@@ -115,10 +116,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     when it is unusable."""
     path = directory / MANIFEST
     try:
-        with open(path, "rb", opener=_no_follow) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise CheckpointError(f"{path} is not a regular file")
-            raw = f.read(MAX_BYTES + 1)
+        raw = read_plain(path, MAX_BYTES)
+        if raw is None:
+            raise CheckpointError(f"{path} is not a regular file")
         if len(raw) > MAX_BYTES:
             raise CheckpointError(f"{path} is over {MAX_BYTES >> 20} MiB; not a manifest")
         manifest = json.loads(raw.decode("utf-8"))
@@ -188,11 +188,6 @@ def manifest_problem(manifest: Any) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _no_follow(path: str, flags: int) -> int:
-    """Open without following a symlink and without blocking on a FIFO."""
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
 
 
 def check_identity(directory: Path, manifest: dict[str, Any], run_id: str) -> None:
