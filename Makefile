@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/agent_overhead.py
 	$(BIN)/python benchmarks/mechanisms.py
+	$(BIN)/python benchmarks/diagnosis.py
 
 ## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)
 fuzz: $(STAMP)

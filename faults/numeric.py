@@ -105,20 +105,33 @@ class InfGradInjector(_PoisonGradInjector):
 
 
 class GradUnderflowSpec(GradientFaultSpec):
-    """Scale gradients by a tiny factor so that they underflow."""
+    """Push gradients towards zero until fp16 can no longer hold them."""
 
     kind: Literal["grad_underflow"] = "grad_underflow"
-    description: ClassVar[str] = "Multiply the matching gradients by a tiny factor (underflow)."
+    description: ClassVar[str] = (
+        "Shrink the matching gradients by a tiny factor; in fp16 mode what fp16 cannot hold "
+        "at that size is flushed to zero (underflow)."
+    )
     fault_class: ClassVar[FaultClass] = "numeric"
 
     factor: float = Field(
-        default=1e-30, gt=0, lt=1, allow_inf_nan=False, description="Scale, 0 < factor < 1."
+        default=1e-10, gt=0, lt=1, allow_inf_nan=False, description="Scale, 0 < factor < 1."
+    )
+    mode: Literal["fp16", "scale"] = Field(
+        default="fp16",
+        description=(
+            "fp16: each element is rounded through fp16 at `factor` times its size and "
+            "restored, so what fp16 cannot hold there becomes zero, as in an fp16 backward "
+            "pass whose gradients sit that much lower; it acts before unscaling, so a larger "
+            "loss scale lifts them back into range. scale: multiply by `factor` (a gradient "
+            "that is really that small)."
+        ),
     )
 
 
 class GradUnderflowInjector(GradientInjector[GradUnderflowSpec]):
-    """Multiplies the matching gradients by ``factor`` at every accumulation, so the step's
-    whole gradient is scaled however many micro-batches it sums."""
+    """Shrinks the matching gradients at every accumulation, so the step's whole gradient
+    is hit however many micro-batches it sums."""
 
     every_accumulation = True
 
@@ -132,15 +145,20 @@ class GradUnderflowInjector(GradientInjector[GradUnderflowSpec]):
         return super().before_forward(ctx)
 
     def hit(self, ctx: StepContext, name: str, grad: torch.Tensor) -> int:
-        """Shrink ``grad``; count the elements that underflow turned to zero."""
+        """Shrink (or flush) ``grad``; count the elements that underflow turned to zero."""
         nonzero = int(torch.count_nonzero(grad))
-        grad.mul_(self.spec.factor)
+        factor = self.spec.factor
+        if self.spec.mode == "scale":
+            grad.mul_(factor)
+        else:  # what an fp16 tensor keeps of values `factor` times smaller, at their size
+            grad.copy_((grad * factor).to(torch.float16).to(grad.dtype) / factor)
         self._zeroed += nonzero - int(torch.count_nonzero(grad))
         return grad.numel()
 
     def details(self, ctx: StepContext, names: list[str]) -> dict[str, Any]:
-        """Parameters hit, the factor, and what underflow actually zeroed."""
-        return {"params": names, "factor": self.spec.factor, "zeroed": self._zeroed}
+        """Parameters hit, the factor and mode, and what underflow actually zeroed."""
+        spec = self.spec
+        return {"params": names, "factor": spec.factor, "mode": spec.mode, "zeroed": self._zeroed}
 
 
 # -- activation_overflow -------------------------------------------------------------------

@@ -27,6 +27,8 @@ from reference_trainer.model_and_data.model import GPT, next_token_loss
 from reference_trainer.model_and_data.optim import layer_of, lr_at
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.clipping import clip_gradients, clip_threshold
+from reference_trainer.stability.layer_monitor import LayerMonitor
+from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
@@ -40,6 +42,8 @@ class StepResult:
     claims: list[Claim] = field(default_factory=list)
     #: Some rank received SIGTERM: every rank stops after this step (agreed by all).
     preempted: bool = False
+    #: Per-layer statistics of the step (None when no mechanism needs them).
+    layers: StepStats | None = None
 
     @property
     def skipped(self) -> bool:
@@ -71,6 +75,8 @@ class Trainer:
     #: Whether this process received SIGTERM (shared with every rank at each step).
     preempt_requested: Callable[[], bool] = lambda: False
     layers: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict)
+    #: Per-layer statistics and what judges them (None when nothing needs them).
+    layer_monitor: LayerMonitor | None = None
 
     def __post_init__(self) -> None:
         for name, param in self.model.named_parameters():
@@ -92,6 +98,9 @@ class Trainer:
         t0 = time.perf_counter()
         agent, cfg, scaler = self.agent, self.cfg, self.scaler
         agent.begin_step(step)
+        watch = self.layer_monitor
+        if watch is not None:
+            watch.begin(step)
         lr = self.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -116,17 +125,33 @@ class Trainer:
                 torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
             )
         )
-        mean_loss, all_finite, preempted = self._agree(local, math.isfinite(grad_norm))
+        verdict = watch.gradients() if watch is not None else None
+        mean_loss, all_finite, preempted, swung, stalled = self._agree(
+            local,
+            math.isfinite(grad_norm),
+            swung=verdict is not None and verdict.skip,
+            stalled=verdict is not None and verdict.stalled,
+        )
         claims: list[Claim] = []
         skip = not all_finite and (cfg.stability.nonfinite_guard or scaler.active)
         if skip:
-            self.optimizer.zero_grad(set_to_none=True)
             claims.append(
                 Detected(
                     detector="nonfinite_guard" if not scaler.active else "fp16_overflow",
                     details={"loss": mean_loss, "grad_norm": grad_norm},
                 )
             )
+        elif swung:  # finite, but one layer's gradient is orders of magnitude off its norm
+            skip = True
+        if verdict is not None:
+            claims += [Detected(detector="layer_swing", details=s.details) for s in verdict.swings]
+            if swung and not verdict.skip:
+                claims.append(Detected(detector="layer_swing", details={"other_rank": True}))
+            claims += [Detected(detector="stalled_layer", details=s) for s in verdict.stalls]
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+            if watch is not None:
+                watch.after_update(skipped=True)
         else:
             if cfg.stability.clipping.enabled:
                 threshold = clip_threshold(
@@ -134,10 +159,16 @@ class Trainer:
                 )
                 clip_gradients(self.layers, threshold, cfg.stability.clipping.layer_factors)
             agent.before_optimizer_step()
+            if watch is not None:
+                watch.before_update()
             self.optimizer.step()
+            if watch is not None:
+                watch.after_update(skipped=False)
             agent.after_optimizer_step()
             self.optimizer.zero_grad(set_to_none=True)
         change = scaler.update(overflow=not all_finite)
+        if stalled and all_finite and change is None:  # gradients flushed to zero in fp16
+            change = scaler.raise_scale(cfg.stability.underflow.max_scale)
         if change is not None:
             name = "loss_scale_" + change.action
             details = {
@@ -147,7 +178,7 @@ class Trainer:
             }
             claims.append(
                 Recovered(action=name, details=details)
-                if change.action == "growth"
+                if change.action in ("growth", "raised")
                 else Detected(detector=name, details=details)
             )
         if self.monitor is not None:
@@ -189,20 +220,33 @@ class Trainer:
             docs=counters.docs,
             contaminated_docs=counters.contaminated_docs,
         )
-        return StepResult(observed, claims, preempted)
+        layers = None
+        if watch is not None:
+            layers, peaks = watch.finish()
+            claims += [Detected(detector="layer_swing", details=s.details) for s in peaks]
+        return StepResult(observed, claims, preempted, layers)
 
-    def _agree(self, local_loss: torch.Tensor, grads_finite: bool) -> tuple[float, bool, bool]:
-        """Mean loss over ranks, whether every rank's loss and gradients are finite, and
-        whether any rank was asked to stop (SIGTERM): one collective, so all ranks take
-        the same decisions."""
-        finite = torch.isfinite(local_loss) & torch.tensor(grads_finite, device=local_loss.device)
-        stop = torch.tensor(float(self.preempt_requested()), device=local_loss.device)
-        packed = torch.stack(
+    def _agree(
+        self, local_loss: torch.Tensor, grads_finite: bool, *, swung: bool, stalled: bool
+    ) -> tuple[float, bool, bool, bool, bool]:
+        """Mean loss over ranks, whether every rank's loss and gradients are finite,
+        whether any rank was asked to stop (SIGTERM), saw a layer's gradient swing up, or
+        a layer stall: one collective, so all ranks take the same decisions."""
+        device = local_loss.device
+        finite = torch.isfinite(local_loss) & torch.tensor(grads_finite, device=device)
+        flags = torch.tensor(
+            [float(self.preempt_requested()), float(swung), float(stalled)], device=device
+        )
+        packed = torch.cat(
             [
-                torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0),
-                (~finite).float(),
-                local_loss,
-                stop,
+                torch.stack(
+                    [
+                        torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0),
+                        (~finite).float(),
+                        local_loss,
+                    ]
+                ),
+                flags,
             ]
         )
         if self.topo.distributed:
@@ -211,7 +255,7 @@ class Trainer:
         all_finite = bool(packed[1] == 0)
         # A non-finite loss anywhere makes the mean non-finite, as it should be.
         mean = float(packed[0] / n) if all_finite else float(packed[2] / n)
-        return mean, all_finite, bool(packed[3] > 0)
+        return mean, all_finite, bool(packed[3] > 0), bool(packed[4] > 0), bool(packed[5] > 0)
 
     def force_fp32(self, until: int) -> None:
         """Train in fp32 up to step ``until`` (level-3 recovery): no autocast, no loss
@@ -255,6 +299,7 @@ class Trainer:
                 "precision": self.precision.name,
                 "fp32_until": self.fp32_until,
                 "monitor": self.monitor.state_dict() if self.monitor else {},
+                "layers": self.layer_monitor.state_dict() if self.layer_monitor else {},
             },
         }
 
@@ -271,4 +316,6 @@ class Trainer:
         self._set_precision("fp32" if self.fp32_until is not None else self.cfg.precision)
         if self.monitor is not None and extra.get("monitor"):
             self.monitor.load_state_dict(extra["monitor"])
+        if self.layer_monitor is not None and extra.get("layers"):
+            self.layer_monitor.load_state_dict(extra["layers"])
         return int(state["step"])

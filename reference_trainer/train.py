@@ -41,6 +41,9 @@ from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.processes.preemption import Preemption, journal_preemption
 from reference_trainer.processes.watchdog import Heartbeat
+from reference_trainer.stability.layer_claims import journal_layers, weights_changed
+from reference_trainer.stability.layer_diagnosis import DiagnosisReport
+from reference_trainer.stability.layer_monitor import LayerMonitor
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.loss_spikes import SpikeMonitor
 from reference_trainer.stability.precision import Precision
@@ -113,6 +116,15 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         blocks = {f"blocks.{i}": b for i, b in enumerate(model.blocks) if isinstance(b, Block)}
         monitor = ActivationMonitor(switching, blocks)
     agent.model, agent.optimizer = model, optimizer
+    layer_monitor = None
+    if cfg.stability.layer_stats.enabled or cfg.stability.underflow.enabled:
+        layer_monitor = LayerMonitor(
+            cfg.stability.layer_stats,
+            cfg.stability.underflow,
+            model,
+            list(model.blocks),
+            model.ln_f,
+        )
     return Trainer(
         cfg=cfg,
         topo=topo,
@@ -127,6 +139,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         loader=loader,
         agent=agent,
         max_lr=peak_lr(cfg, topo.world_size),
+        layer_monitor=layer_monitor,
     )
 
 
@@ -191,6 +204,7 @@ class Run:
             claim=self.agent.claim,
             keep_back=recovery.retry_steps if recovery.enabled else 0,
         )
+        self.report = DiagnosisReport(RunLayout(run_dir).diagnosis) if topo.is_main else None
         self.policy = RecoveryPolicy(cfg.stability.recovery)
         self.recovery = RecoveryRun(
             self.policy,
@@ -198,7 +212,7 @@ class Run:
             self.trainer,
             restore=lambda path, state: self.restore(path, state, rollback=True),
             agent=self.agent,
-            diagnosis=RunLayout(run_dir).diagnosis if topo.is_main else None,
+            diagnosis=self.report,
             say=lambda message: _print(topo, message),
             lr_backoff=cfg.stability.recovery.lr_backoff,
             skip_data=cfg.stability.recovery.skip_data,
@@ -206,6 +220,7 @@ class Run:
             windows_per_step=cfg.global_batch(topo.world_size),
         )
         self.spikes = SpikeMonitor(cfg.stability.spikes)
+        self.spike_fired: list[str] = []
         self.skips = 0
         self.gave_up = False
         self.preemption = Preemption(cfg.stability.preemption)
@@ -318,6 +333,16 @@ class Run:
             for claim in result.claims:
                 agent.claim(claim)
             failure = self._failure(step, result.skipped, loss)
+            failure = failure or weights_changed(step, result.claims)
+            if self.trainer.layer_monitor is not None:
+                journal_layers(
+                    agent,
+                    self.trainer.layer_monitor,
+                    self.report,
+                    result,
+                    also_fired=self.spike_fired,
+                    enabled=cfg.stability.layer_stats.enabled,
+                )
             if failure is not None and cfg.stability.recovery.enabled:
                 resumed = self.recovery.recover_or_give_up(failure)
                 self.skips = 0
@@ -384,9 +409,11 @@ class Run:
             return Failure(step, "non_finite_steps", {"skipped_in_a_row": self.skips})
         if self.trainer.scaler.collapsed:
             return Failure(step, "loss_scale_collapsed", {"scale": self.trainer.scaler.scale})
+        self.spike_fired = []
         if skipped:
             return None
         claims = self.spikes.observe(step, loss)
+        self.spike_fired = [claim.detector for claim in claims]
         for claim in claims:
             self.agent.claim(Detected(detector=claim.detector, details=claim.details))
         if self.spikes.acting(claims):

@@ -403,9 +403,9 @@ def test_activation_overflow_tuple_output_and_errors() -> None:
 def test_grad_underflow_scales_gradients(model: TinyLM) -> None:
     backward(model)
     clean = grads(model)
-    (rec,) = injector(kind="grad_underflow", target="blocks.0.*", factor=1e-3).after_backward(
-        ctx(model)
-    )
+    (rec,) = injector(
+        kind="grad_underflow", target="blocks.0.*", factor=1e-3, mode="scale"
+    ).after_backward(ctx(model))
     for name, g in grads(model).items():
         expected = clean[name] * 1e-3 if name.startswith("blocks.0.") else clean[name]
         assert torch.equal(g, expected)
@@ -413,9 +413,42 @@ def test_grad_underflow_scales_gradients(model: TinyLM) -> None:
     half = make_model().half()
     for p in half.parameters():
         p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(0)).half()
-    (rec,) = injector(kind="grad_underflow").after_backward(ctx(half))  # factor 1e-30
+    (rec,) = injector(kind="grad_underflow", factor=1e-30, mode="scale").after_backward(ctx(half))
     assert all(p.grad is not None and not p.grad.any() for p in half.parameters())
     assert rec.details["zeroed"] == sum(p.numel() for p in half.parameters())
+
+
+def test_grad_underflow_flushes_what_fp16_cannot_hold_and_a_larger_scale_saves_it(
+    model: TinyLM,
+) -> None:
+    """fp16 mode: gradients `factor` lower in fp16's range flush to zero at the usual
+    initial loss scale (2^16); scaled 2^8 higher (a larger loss scale) most survive, at
+    their own size."""
+    backward(model)
+    clean = grads(model)
+    median = float(torch.cat([g.flatten().abs() for g in clean.values()]).median())
+    factor = 2.0**-28 / (median * 2.0**16)  # the median element sits 2^4 under fp16's floor
+    ratios = {}
+    for scale in (2.0**16, 2.0**24):
+        for p in model.parameters():
+            assert p.grad is not None
+            p.grad.copy_(clean_of(clean, p, model) * scale)
+        (rec,) = injector(kind="grad_underflow", factor=factor).after_backward(ctx(model))
+        kept = grads(model)
+        total = sum(g.numel() for g in kept.values())
+        ratios[scale] = sum(int(torch.count_nonzero(g)) for g in kept.values()) / total
+        assert rec.details["mode"] == "fp16" and rec.details["zeroed"] > 0
+        for name, g in kept.items():  # survivors keep their size (fp16's coarse rounding)
+            alive = g != 0
+            want = clean[name][alive] * scale
+            assert torch.allclose(g[alive], want, rtol=1.0, atol=0)  # at worst 2x
+    assert ratios[2.0**16] < 0.2 and ratios[2.0**24] > 0.8
+
+
+def clean_of(clean: dict[str, torch.Tensor], param: torch.Tensor, model: TinyLM) -> torch.Tensor:
+    """The clean gradient of ``param``."""
+    name = next(n for n, p in model.named_parameters() if p is param)
+    return clean[name]
 
 
 # -- lr_spike --------------------------------------------------------------------------------

@@ -54,7 +54,14 @@ from harness.inside.hooks import Inert
 from harness.inside.process_group import broadcast_text
 from harness.inside.step_evidence import params_finite
 from harness.live.control import Answer, ArmedBoard, ControlChannel, register_pid
-from harness.records.events import Claim, FileLoaded, FileLoadFailed, FileSaved, StepObserved
+from harness.records.events import (
+    Claim,
+    FileLoaded,
+    FileLoadFailed,
+    FileSaved,
+    LayerStatsObserved,
+    StepObserved,
+)
 from harness.records.journal import Event, JournalWriter, read_journal_file
 from harness.run_layout import RunLayout
 
@@ -280,6 +287,10 @@ class Agent:
         """Journal something the trainer reports about itself (detected, recovered, ...),
         at the current step unless ``step`` says otherwise."""
         self.journal.emit(claim.kind, self.step if step is None else step, **claim.fields())
+
+    def observe_layers(self, event: LayerStatsObserved) -> None:
+        """Journal the per-layer statistics the trainer measured at this step."""
+        self.journal.emit(event.kind, self.step, **event.fields())
 
     def observe_file(self, event: FileSaved | FileLoaded | FileLoadFailed) -> None:
         """Journal a file the trainer saved or loaded, as the agent saw it."""

@@ -98,8 +98,19 @@ class RankLost(Reported):
     reason: str = OMIT
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosed(Reported):
+    """The layer(s) a trainer's own diagnosis names behind a detection."""
+
+    kind: ClassVar[str] = "diagnosed"
+    detectors: list[str]
+    layers: list[str]
+    rule: str = OMIT
+    details: dict[str, Any] = field(default_factory=dict)
+
+
 #: Everything a trainer may claim.
-Claim = Detected | Recovered | CheckpointSaved | CheckpointRejected | Restart | RankLost
+Claim = Detected | Recovered | CheckpointSaved | CheckpointRejected | Restart | RankLost | Diagnosed
 
 
 # -- observations ------------------------------------------------------------------------
@@ -121,6 +132,15 @@ class StepObserved(Reported):
     skipped: bool = OMIT
     docs: int = OMIT
     contaminated_docs: int = OMIT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerStatsObserved(Reported):
+    """Per-layer statistics of one step, as the trainer measured them."""
+
+    kind: ClassVar[str] = "layer_stats"
+    layers: dict[str, dict[str, float | None]]
+    anomaly: bool = OMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 class FieldSpec:
     """One field of an event: its JSON type, whether it must be present, what it means."""
 
-    type: str  # "int", "float", "str", "bool", "object"
+    type: str  # "int", "float", "str", "bool", "object", "list"
     doc: str
     required: bool = False
     nullable: bool = False
@@ -40,6 +40,7 @@ _PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {
     "str": str,
     "bool": bool,
     "object": dict,
+    "list": list,
 }
 
 #: Fields every event carries, written by the journal writer itself.
@@ -150,6 +151,35 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
             _kind(
                 action=FieldSpec("str", "Name of the recovery action.", required=True),
                 details=_DETAILS,
+            ),
+        ),
+        "diagnosed": (
+            "The trainer's own diagnosis of which layer(s) a detection points at.",
+            _kind(
+                detectors=FieldSpec(
+                    "list", "Names of the detectors that fired at this step.", required=True
+                ),
+                layers=FieldSpec(
+                    "list",
+                    "The layer(s) named, the most likely first; empty when no layer stands "
+                    "out (a cause that reached every layer alike).",
+                    required=True,
+                ),
+                rule=FieldSpec("str", "Which rule of the diagnosis named them."),
+                details=_DETAILS,
+            ),
+        ),
+        "layer_stats": (
+            "Per-layer statistics of a step, as the trainer measured them (every few steps "
+            "and at every detection).",
+            _kind(
+                layers=FieldSpec(
+                    "object",
+                    "Layer name -> signal -> value (grad_norm, nonzero, weight_norm, "
+                    "update_ratio, act_max, act_rms); null where not finite.",
+                    required=True,
+                ),
+                anomaly=FieldSpec("bool", "Journaled because a detector fired at this step."),
             ),
         ),
         "checkpoint_saved": (

@@ -50,7 +50,7 @@ class LossScaleConfig:
 class ScaleChange:
     """What `DynamicLossScaler.update` did, for the journal."""
 
-    action: str  # "backoff", "growth" or "hysteresis"
+    action: str  # "backoff", "growth", "hysteresis" or "raised"
     old: float
     new: float
     hysteresis_left: int
@@ -104,6 +104,16 @@ class DynamicLossScaler:
             self.scale = old * cfg.growth_factor
             return ScaleChange("growth", old, self.scale, self.hysteresis_left)
         return None
+
+    def raise_scale(self, limit: float) -> ScaleChange | None:
+        """Grow the scale once, up to ``limit``, so that gradients flushed to zero in fp16
+        come back into range; None when inactive or already at the limit."""
+        if not self.active or self.scale >= limit:
+            return None
+        old = self.scale
+        self.scale = min(old * self.config.growth_factor, limit)
+        self.good_steps = 0
+        return ScaleChange("raised", old, self.scale, self.hysteresis_left)
 
     @property
     def collapsed(self) -> bool:

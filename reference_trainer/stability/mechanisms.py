@@ -14,6 +14,8 @@ from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
 from reference_trainer.stability.clipping import ClipConfig
+from reference_trainer.stability.layer_stats import LayerStatsConfig
+from reference_trainer.stability.layer_watch import StallConfig
 from reference_trainer.stability.loss_scale import LossScaleConfig
 from reference_trainer.stability.loss_spikes import RobustZScoreConfig, SpikeConfig
 from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
@@ -44,6 +46,11 @@ class StabilityConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     preemption: bool = True
     """On SIGTERM, save an emergency checkpoint at the next step boundary, then exit."""
+    layer_stats: LayerStatsConfig = field(default_factory=LayerStatsConfig)
+    """Per-layer statistics, the swing detector and the diagnosis of the problem layer."""
+    underflow: StallConfig = field(default_factory=StallConfig)
+    """A layer whose parameters stopped updating while the rest train (fp16: the loss
+    scale is raised until its gradients survive)."""
     lr_floor: float = 0.1
     """The cosine decays to this fraction of the peak learning rate and the last 20% of the
     run trains there (0: it decays to zero and the tail trains nothing)."""
@@ -56,7 +63,15 @@ class StabilityConfig:
         """Switch off one mechanism by its name (`harness.mechanisms.TRAINER_MECHANISMS`)."""
         if name == "nonfinite_guard":
             self.nonfinite_guard = False
-        elif name in ("loss_scale", "precision_switch", "clipping", "recovery", "dedup"):
+        elif name in (
+            "loss_scale",
+            "precision_switch",
+            "clipping",
+            "recovery",
+            "dedup",
+            "layer_stats",
+            "underflow",
+        ):
             getattr(self, name).enabled = False
         elif name == "spikes":
             self.spikes.enabled = ()

@@ -15,6 +15,7 @@ from harness.records.events import Detected, Recovered
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
 from reference_trainer.errors import CheckpointError
+from reference_trainer.stability.layer_diagnosis import DiagnosisReport
 from reference_trainer.stability.recovery import Decision, Failure, RecoveryPolicy
 from reference_trainer.step import Trainer
 
@@ -32,7 +33,7 @@ class RecoveryRun:
         *,
         restore: Callable[[Path, State], int],
         agent: Agent,
-        diagnosis: Path | None,
+        diagnosis: DiagnosisReport | None,
         say: Callable[[str], None],
         lr_backoff: float,
         skip_data: bool,
@@ -113,8 +114,8 @@ class RecoveryRun:
 
     def _give_up(self, decision: Decision) -> None:
         if self.diagnosis is not None:
-            self.diagnosis.write_text(self.policy.diagnosis())
+            self.diagnosis.gave_up(self.policy.diagnosis())
         details = {"failure": decision.failure.reason, "step": decision.failure.step}
         self.agent.claim(Detected(detector="recovery_exhausted", details=details))
-        where = f"; diagnosis in {self.diagnosis}" if self.diagnosis is not None else ""
+        where = f"; diagnosis in {self.diagnosis.path}" if self.diagnosis is not None else ""
         self.say(f"recovery exhausted at step {decision.failure.step}{where}")
