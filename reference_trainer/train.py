@@ -388,7 +388,7 @@ class Run:
             return None
         claims = self.spikes.observe(step, loss)
         for claim in claims:
-            self.agent.claim(Detected(detector=claim.detector, details=claim.details))
+            self.agent.claim(Detected(detector=claim.detector, details=claim.journal_details()))
         if self.spikes.acting(claims):
             return Failure(step, "loss_spike", {"loss": loss})
         return None
