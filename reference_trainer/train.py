@@ -415,7 +415,7 @@ class Run:
         claims = self.spikes.observe(step, loss)
         self.spike_fired = [claim.detector for claim in claims]
         for claim in claims:
-            self.agent.claim(Detected(detector=claim.detector, details=claim.details))
+            self.agent.claim(Detected(detector=claim.detector, details=claim.journal_details()))
         if self.spikes.acting(claims):
             return Failure(step, "loss_spike", {"loss": loss})
         return None

@@ -191,6 +191,58 @@ def test_claims_carry_the_figures_that_made_them() -> None:
     assert abs(details["forecast_mean"] - losses[at] / 2) < 0.5  # it predicted the clean loss
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_forecast_fires_below_on_a_drop_where_an_above_only_band_is_silent(seed: int) -> None:
+    losses, at = spiked(seed, 0.1, 0.5, 1)  # one loss at half its level
+    found = claims(forecaster_at(seed, at), losses[at : at + 30], start=at)
+    assert [(c.step, c.side) for c in found] == [(at, "below")]  # and not after it
+    details = found[0].details
+    assert found[0].loss < details["band_low"] < details["forecast_mean"]
+    # The same figures under the one-sided rule: the loss is far under band_high.
+    assert not found[0].loss > details["band_high"]
+    assert found[0].journal_details()["side"] == "below"
+
+
+def test_a_spike_is_claimed_above() -> None:
+    losses, at = spiked(1, 0.1, 2.0, 1)
+    (claim,) = claims(forecaster_at(1, at), losses[at : at + 30], start=at)
+    assert (claim.step, claim.side) == (at, "above")
+    assert claim.journal_details()["side"] == "above"
+    # The other detectors have no band sides: their journaled details carry no side.
+    robust = claims(RobustZScoreDetector(), losses[: at + 1])[0]
+    assert robust.side is None and "side" not in robust.journal_details()
+
+
+@pytest.mark.parametrize("factor", [1.6, 0.6])
+def test_a_lasting_shift_becomes_the_new_level(factor: float) -> None:
+    """After ``relearn_after`` claims in a row it learns the shifted losses and goes quiet;
+    a forecaster that never relearns keeps firing for the whole shift."""
+    losses, at = spiked(2, 0.1, factor, 80, at=100)
+    relearns = forecaster_at(2, at)
+    stubborn = ForecastDetector(ForecastConfig(relearn_after=1000))
+    stubborn.load_state_dict(clean_forecast_run(2)[1][at])
+    during = range(at, at + 80)
+    quick = [c.step for c in claims(relearns, losses[at:], start=at) if c.step in during]
+    slow = [c.step for c in claims(stubborn, losses[at:], start=at) if c.step in during]
+    assert len(slow) >= 75  # nearly every one of the 80 shifted steps
+    n = relearns.config.relearn_after
+    assert quick[: n + 1] == list(range(at, at + n + 1))  # every step until it relearns
+    assert len(quick) < 2 * n  # then quiet, or nearly
+
+
+def test_the_monitor_acts_on_the_sides_it_is_told() -> None:
+    above = SpikeClaim("forecast", 5, 9.0, {}, "above")
+    below = SpikeClaim("forecast", 5, 1.0, {}, "below")
+    config = SpikeConfig(acting=("robust_zscore", "early_max", "forecast"))
+    assert SpikeMonitor(config).acting([above]) and not SpikeMonitor(config).acting([below])
+    config.acting_sides = ("above", "below")
+    assert SpikeMonitor(config).acting([below])
+    assert not SpikeMonitor(SpikeConfig(acting=("robust_zscore",))).acting([above, below])
+    non_finite = SpikeClaim("forecast", 5, math.nan, {"non_finite": 1.0})
+    config.acting_sides = ()
+    assert SpikeMonitor(config).acting([non_finite]) and not SpikeMonitor(config).acting([above])
+
+
 # -- non-finite losses and patience --------------------------------------------------------
 
 
@@ -339,6 +391,8 @@ def test_forecaster_works_under_no_grad() -> None:
         (lambda: ForecastConfig(norm_decay=1.0), "spikes.forecast.norm_decay"),
         (lambda: SpikeConfig(enabled=("robust_zscore", "spike_oracle")), "spikes.enabled"),
         (lambda: SpikeConfig(enabled=("robust_zscore",)), "spikes.acting"),
+        (lambda: SpikeConfig(acting_sides=("up",)), "spikes.acting_sides"),  # type: ignore[arg-type]
+        (lambda: ForecastConfig(relearn_after=0), "spikes.forecast.relearn_after"),
     ],
 )
 def test_config_errors_name_the_field(make: Callable[[], object], field: str) -> None:

@@ -165,3 +165,46 @@ def test_the_last_fifth_trains_at_the_floor_and_without_it_trains_nothing(tmp_pa
     assert {without.steps()[s]["lr"] for s in tail} == {0.0}
     # Twelve steps that train nothing cost loss the floored run keeps learning off.
     assert final_loss(with_floor) < final_loss(without)
+
+
+# A learning-rate spike the forecaster sees and the robust z-score does not: the loss rises
+# a few percent for several steps, each step's change within the batch noise.
+LR_X50_AT_35 = [{"kind": "lr_spike", "at_step": 35, "factor": 50.0}]
+WITH_FORECAST = ("robust_zscore", "early_max", "forecast")
+
+
+@pytest.fixture(scope="module")
+def clean_60(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """Final loss of a fault-free 60-step run."""
+    _, journal = run(tmp_path_factory.mktemp("clean60") / "run", config(steps=60))
+    return final_loss(journal)
+
+
+def test_a_forecast_claim_above_its_band_rolls_back(tmp_path: Path, clean_60: float) -> None:
+    cfg = config(steps=60)
+    cfg.stability.spikes.acting = WITH_FORECAST
+    result, journal = run(tmp_path, cfg, LR_X50_AT_35)
+    assert result.status == "completed"
+    (detected,) = claims(journal, "detected")  # one claim, the forecaster's, and no other
+    assert detected["detector"] == "forecast" and detected["details"]["side"] == "above"
+    assert detected.step == 36  # the spiked update shows in the next step's loss
+    (rollback,) = claims(journal, "recovered")
+    assert rollback["action"] == "rollback" and rollback.step == detected.step
+    assert rollback["details"]["checkpoint"] == "step-00000030"
+    assert near(final_loss(journal), clean_60, rel=0.005)
+
+
+@pytest.mark.parametrize("how", ["forecast journals only", "--disable spikes"])
+def test_without_the_forecaster_acting_the_spike_costs_loss(
+    tmp_path: Path, clean_60: float, how: str
+) -> None:
+    if how == "--disable spikes":
+        cfg = config(steps=60, disable=("spikes",))
+    else:
+        cfg = config(steps=60)
+        cfg.stability.spikes.acting = ("robust_zscore", "early_max")
+    _, journal = run(tmp_path, cfg, LR_X50_AT_35)
+    assert not claims(journal, "recovered")
+    detected = {c["detector"] for c in claims(journal, "detected")}
+    assert detected == ({"forecast"} if how == "forecast journals only" else set())
+    assert final_loss(journal) > 1.02 * clean_60  # the spike's damage stays in the weights

@@ -1,6 +1,7 @@
 """The forecasting loss-spike detector: a small LSTM, trained online on the run's own loss
-history, predicts the next losses; a loss above the band around its forecasts is a spike.
-(See `reference_trainer.stability.loss_spikes` for the other detectors and the monitor.)"""
+history, predicts the next losses; a loss outside the band around its forecasts, above it
+or below it, is a claim that says which side. (See `reference_trainer.stability.loss_spikes`
+for the other detectors and the monitor, docs/detectors.md for what each side means.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference_trainer.stability.spike_claims import SpikeClaim
+from reference_trainer.stability.spike_claims import Side, SpikeClaim
 from reference_trainer.stability.spike_claims import check as _check
 from reference_trainer.stability.spike_claims import claim as _claim
 from reference_trainer.stability.spike_claims import same_detector as _same_detector
@@ -34,11 +35,14 @@ class ForecastConfig:
     patch: int = 4
     """Losses the LSTM reads per time step (``context / patch`` steps: fewer is cheaper)."""
     sigma_k: float = 3.0
-    """Band half-width in σ; fires above ``mean + sigma_k·σ``."""
+    """Band half-width in σ; fires outside ``[mean - sigma_k·σ, mean + sigma_k·σ]``."""
     sigma_floor: float = 0.005
     """Lower bound on σ as a fraction of the forecast mean."""
     min_history: int = 32
     """Losses observed before it may fire."""
+    relearn_after: int = 10
+    """Losses in a row outside the band after which it learns from them again: a level
+    that lasts is the new normal, not a spike (else it would fire for ever after a shift)."""
     train_steps: int = 2
     """Adam steps per observed step."""
     buffer: int = 32
@@ -54,7 +58,8 @@ class ForecastConfig:
 
     def __post_init__(self) -> None:
         p = "forecast."
-        for name in ("context", "horizon", "hidden", "train_steps", "buffer", "resid_window"):
+        names = ("context", "horizon", "hidden", "train_steps", "buffer", "resid_window")
+        for name in (*names, "relearn_after"):
             _check(getattr(self, name) >= 1, p + name, ">= 1", getattr(self, name))
         ok = self.patch >= 1 and self.context % self.patch == 0
         _check(ok, p + "patch", f"a divisor of context={self.context}", self.patch)
@@ -91,8 +96,17 @@ class _Forecaster(nn.Module):
         return forecast
 
 
+def _outside(loss: float, band: dict[str, float]) -> Side | None:
+    """Which side of the band the loss fell on, or None inside it."""
+    if loss > band["band_high"]:
+        return "above"
+    if loss < band["band_low"]:
+        return "below"
+    return None
+
+
 class ForecastDetector:
-    """Fires when the loss is above the band its own online forecasts put around it."""
+    """Fires when the loss is outside the band its own online forecasts put around it."""
 
     name: str = "forecast"
 
@@ -110,6 +124,7 @@ class ForecastDetector:
         self.pending: dict[int, list[float]] = {}  # step -> forecasts made for it
         self.count, self.mean, self.var = 0, 0.0, 0.0
         self.last_step: int | None = None
+        self.outside = 0  # losses in a row outside the band
 
     def observe(self, step: int, loss: float) -> SpikeClaim | None:
         """Compare the loss with the band, then learn from it and forecast the next steps."""
@@ -120,13 +135,21 @@ class ForecastDetector:
         self.pending = {s: p for s, p in self.pending.items() if s > step}
         claim, value = None, loss
         if not math.isfinite(loss):
-            claim = _claim(self.name, step, loss, non_finite=1, **(band or {}))
+            claim = _claim(self.name, step, loss, side=None, non_finite=1, **(band or {}))
             value = band["forecast_mean"] if band else (self.history[-1] if self.history else loss)
         elif band is not None:
             ready = self.count >= self.config.min_history and len(self.residuals) >= 8
-            if ready and loss > band["band_high"]:
-                claim = _claim(self.name, step, loss, non_finite=0, **band)
-                value = band["forecast_mean"]  # keep the spike out of what it learns from
+            side = _outside(loss, band)
+            if ready and side is not None:
+                self.outside += 1
+                figures = band | {"outside_run": self.outside}
+                claim = _claim(self.name, step, loss, side=side, non_finite=0, **figures)
+            else:
+                self.outside = 0
+            if claim is not None and self.outside <= self.config.relearn_after:
+                # Keep the outlier out of what it learns from, on either side: a drop it
+                # learned from would become the level it expects next.
+                value = band["forecast_mean"]
             else:
                 self.residuals.append(loss - band["forecast_mean"])
         if math.isfinite(value):
@@ -189,6 +212,7 @@ class ForecastDetector:
             "pending": [[s, list(p)] for s, p in sorted(self.pending.items())],
             "history": list(self.history), "residuals": list(self.residuals),
             "count": self.count, "mean": self.mean, "var": self.var, "last_step": self.last_step,
+            "outside": self.outside,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -202,3 +226,4 @@ class ForecastDetector:
         self.pending = {int(s): [float(x) for x in p] for s, p in state["pending"]}
         self.count, self.mean, self.var = state["count"], state["mean"], state["var"]
         self.last_step = state["last_step"]
+        self.outside = int(state.get("outside", 0))  # (absent from states saved before it)

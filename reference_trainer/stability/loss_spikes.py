@@ -14,8 +14,9 @@ Each sees one loss per optimizer step through ``observe(step, loss)`` and return
 - ``forecast``: a one-layer LSTM, trained online (a few Adam steps per step) on the run's
   own recent losses, predicts the next ``horizon`` losses from the last ``context``. The
   forecasts made for step t give a band ``mean ± sigma_k·σ``, σ combining their spread with
-  the recent forecast error; it fires above the band and learns from the forecast instead of
-  the spike. It draws no global random numbers and leaves torch's threads as they are.
+  the recent forecast error; it fires outside the band, above or below (the claim's
+  ``side``), and learns from the forecast instead of the outlier. It draws no global random
+  numbers and leaves torch's threads as they are.
 
 ``reset()`` forgets everything; ``load_state_dict`` continues exactly where
 ``state_dict`` left off.
@@ -32,7 +33,13 @@ from typing import Any
 import numpy as np
 
 from reference_trainer.stability.loss_forecast import ForecastConfig, ForecastDetector
-from reference_trainer.stability.spike_claims import NAMES, LossSpikeDetector, SpikeClaim
+from reference_trainer.stability.spike_claims import (
+    NAMES,
+    SIDES,
+    LossSpikeDetector,
+    Side,
+    SpikeClaim,
+)
 from reference_trainer.stability.spike_claims import PREFIX as _PREFIX
 from reference_trainer.stability.spike_claims import check as _check
 from reference_trainer.stability.spike_claims import claim as _claim
@@ -212,6 +219,10 @@ class SpikeConfig:
     """Detectors that run and journal their claims."""
     acting: tuple[str, ...] = ("robust_zscore", "early_max")
     """Detectors whose claims trigger recovery (a subset of ``enabled``)."""
+    acting_sides: tuple[Side, ...] = ("above",)
+    """Sides of a two-sided band (the forecaster's) whose claims trigger recovery, when its
+    detector acts; a claim on another side is journaled only. A loss below the expected
+    range is not a failure a rollback mends (see docs/detectors.md)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -225,6 +236,12 @@ class SpikeConfig:
                         f"{_PREFIX}.{key} has unknown detector {name!r}; "
                         f"expected some of {', '.join(NAMES)}"
                     )
+        for side in self.acting_sides:
+            if side not in SIDES:
+                raise ValueError(
+                    f"{_PREFIX}.acting_sides has unknown side {side!r}; "
+                    f"expected some of {', '.join(SIDES)}"
+                )
         extra = [name for name in self.acting if name not in self.enabled]
         if extra:
             raise ValueError(
@@ -257,8 +274,14 @@ class SpikeMonitor:
         return [claim for claim in claims if claim is not None]
 
     def acting(self, claims: list[SpikeClaim]) -> bool:
-        """Whether any claim comes from a detector that triggers recovery."""
-        return any(claim.detector in self.config.acting for claim in claims)
+        """Whether any claim comes from a detector that triggers recovery, on a side that
+        does (a claim without a side acts when its detector does)."""
+        return any(self._acts(claim) for claim in claims)
+
+    def _acts(self, claim: SpikeClaim) -> bool:
+        if claim.detector not in self.config.acting:
+            return False
+        return claim.side is None or claim.side in self.config.acting_sides
 
     def state_dict(self) -> dict[str, Any]:
         """Each enabled detector's state, by name."""

@@ -4,10 +4,13 @@ the helpers that name config fields and check saved states."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 NAMES = ("robust_zscore", "early_max", "forecast")
 PREFIX = "stability.spikes"
+#: Which side of its expected range a loss fell: the forecaster's band has two.
+Side = Literal["above", "below"]
+SIDES: tuple[Side, ...] = ("above", "below")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +21,14 @@ class SpikeClaim:
     step: int
     loss: float
     details: dict[str, float]
+    side: Side | None = None
+    """Where the loss fell, for a detector with a two-sided band; None for the others
+    (they fire above only) and for a non-finite loss."""
+
+    def journal_details(self) -> dict[str, float | str]:
+        """The details as journaled: the figures, and the side when there is one."""
+        side: dict[str, float | str] = {} if self.side is None else {"side": self.side}
+        return {**self.details, **side}
 
 
 @runtime_checkable
@@ -44,8 +55,11 @@ def check(ok: bool, name: str, rule: str, value: object) -> None:
         raise ValueError(f"{PREFIX}.{name} must be {rule}, got {value!r}")
 
 
-def claim(name: str, step: int, loss: float, **details: float) -> SpikeClaim:
-    return SpikeClaim(name, step, float(loss), {k: float(v) for k, v in details.items()})
+def claim(
+    name: str, step: int, loss: float, *, side: Side | None = None, **details: float
+) -> SpikeClaim:
+    figures = {k: float(v) for k, v in details.items()}
+    return SpikeClaim(name, step, float(loss), figures, side)
 
 
 def same_detector(name: str, state: dict[str, Any]) -> None:
