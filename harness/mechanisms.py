@@ -21,6 +21,7 @@ TRAINER_MECHANISMS = {
     "lr_floor": "the last 20% trains at a small learning rate (10% of the peak), not at zero",
     "layer_stats": "per-layer statistics, the layer swing detector, diagnosis of the problem layer",
     "underflow": "a layer that stopped updating is detected; fp16 raises the loss scale",
+    "surgery": "repair a layer's swung gradient instead of skipping the step",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

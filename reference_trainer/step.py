@@ -32,6 +32,7 @@ from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
+from reference_trainer.stability.surgery import GradientSurgeon
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,16 @@ class StepResult:
     def skipped(self) -> bool:
         """The update was skipped."""
         return self.observed.skipped is True
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What the ranks together saw of the layers' gradients."""
+
+    #: Some rank saw a layer's gradient swing up.
+    swung: bool
+    #: How many ranks saw a layer gradient surgery could repair.
+    count: int
 
 
 @dataclass(slots=True)
@@ -77,6 +88,8 @@ class Trainer:
     layers: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict)
     #: Per-layer statistics and what judges them (None when nothing needs them).
     layer_monitor: LayerMonitor | None = None
+    #: Repairs a swung gradient instead of skipping the step (None when off).
+    surgeon: GradientSurgeon | None = None
 
     def __post_init__(self) -> None:
         for name, param in self.model.named_parameters():
@@ -91,7 +104,8 @@ class Trainer:
             total_steps=self.cfg.steps,
             min_lr_ratio=self.cfg.stability.lr_floor,
         )
-        return base * self.lr_scale
+        safe = self.surgeon.lr_factor if self.surgeon is not None else 1.0
+        return base * self.lr_scale * safe
 
     def step(self, step: int) -> StepResult:
         """Train step ``step`` (1-based)."""
@@ -126,12 +140,15 @@ class Trainer:
             )
         )
         verdict = watch.gradients() if watch is not None else None
-        mean_loss, all_finite, preempted, swung, stalled = self._agree(
+        repairable = verdict.repairable if verdict is not None else []
+        mean_loss, all_finite, preempted, repair_on, stalled = self._agree(
             local,
             math.isfinite(grad_norm),
             swung=verdict is not None and verdict.skip,
             stalled=verdict is not None and verdict.stalled,
+            repairable=bool(repairable),
         )
+        swung = verdict is not None and (verdict.skip or repair_on.swung)
         claims: list[Claim] = []
         skip = not all_finite and (cfg.stability.nonfinite_guard or scaler.active)
         if skip:
@@ -143,20 +160,32 @@ class Trainer:
             )
         elif swung:  # finite, but one layer's gradient is orders of magnitude off its norm
             skip = True
+        # One or some layers' gradients went wrong, on every rank alike (the same gradients
+        # after the all-reduce), and the forward pass was normal: repair, do not skip.
+        everywhere = repair_on.count == self.topo.world_size and not scaler.active
+        if skip and everywhere and (all_finite or cfg.stability.nonfinite_guard):
+            repaired = self._operate(repairable, step, mean_loss)
+            claims += repaired
+            skip = not repaired
         if verdict is not None:
             claims += [Detected(detector="layer_swing", details=s.details) for s in verdict.swings]
             if swung and not verdict.skip:
                 claims.append(Detected(detector="layer_swing", details={"other_rank": True}))
             claims += [Detected(detector="stalled_layer", details=s) for s in verdict.stalls]
+        if self.surgeon is not None and not skip and not swung:
+            self.surgeon.remember(mean_loss)
         if skip:
             self.optimizer.zero_grad(set_to_none=True)
             if watch is not None:
                 watch.after_update(skipped=True)
         else:
+            if self.surgeon is not None:
+                self.surgeon.apply_dropout()
             if cfg.stability.clipping.enabled:
                 threshold = clip_threshold(
                     cfg.stability.clipping.base, cfg.global_batch(self.topo.world_size)
                 )
+                threshold *= self.surgeon.clip_factor if self.surgeon is not None else 1.0
                 clip_gradients(self.layers, threshold, cfg.stability.clipping.layer_factors)
             agent.before_optimizer_step()
             if watch is not None:
@@ -224,18 +253,51 @@ class Trainer:
         if watch is not None:
             layers, peaks = watch.finish()
             claims += [Detected(detector="layer_swing", details=s.details) for s in peaks]
+            if self.surgeon is not None and self.surgeon.safe_layer is not None:
+                name = self.surgeon.safe_layer
+                lasted = self.surgeon.end_step(
+                    step, layers.value(name, "grad_norm"), watch.history.median(name, "grad_norm")
+                )
+                if lasted is not None:
+                    ended: dict[str, Any] = {"layer": name, "steps": lasted}
+                    claims.append(Recovered(action="safe_mode_ended", details=ended))
         return StepResult(observed, claims, preempted, layers)
 
+    def _operate(self, layers: list[str], step: int, loss: float) -> list[Claim]:
+        """Gradient surgery on every layer whose gradient swung up or is not finite, when the
+        forward pass was normal and each layer has a window to cut against; the claims of
+        what was done, or none (the step is then skipped)."""
+        surgeon, watch = self.surgeon, self.layer_monitor
+        if surgeon is None or watch is None or not layers:
+            return []
+        ready = all(surgeon.can_operate(layer) for layer in layers)
+        if not ready or not surgeon.forward_was_normal(loss):
+            return []
+        claims: list[Claim] = []
+        for layer in layers:
+            median = watch.history.median(layer, "grad_norm") or 0.0
+            details = surgeon.operate(layer, median, step)
+            claims.append(Recovered(action="gradient_surgery", details=details))
+        return claims
+
     def _agree(
-        self, local_loss: torch.Tensor, grads_finite: bool, *, swung: bool, stalled: bool
-    ) -> tuple[float, bool, bool, bool, bool]:
+        self,
+        local_loss: torch.Tensor,
+        grads_finite: bool,
+        *,
+        swung: bool,
+        stalled: bool,
+        repairable: bool,
+    ) -> tuple[float, bool, bool, Seen, bool]:
         """Mean loss over ranks, whether every rank's loss and gradients are finite,
-        whether any rank was asked to stop (SIGTERM), saw a layer's gradient swing up, or
-        a layer stall: one collective, so all ranks take the same decisions."""
+        whether any rank was asked to stop (SIGTERM), how many saw a layer's gradient swing
+        up, and whether any saw a layer stall: one collective (the barrier every rank
+        stops at), so all ranks take the same decisions."""
         device = local_loss.device
         finite = torch.isfinite(local_loss) & torch.tensor(grads_finite, device=device)
         flags = torch.tensor(
-            [float(self.preempt_requested()), float(swung), float(stalled)], device=device
+            [float(self.preempt_requested()), float(swung), float(stalled), float(repairable)],
+            device=device,
         )
         packed = torch.cat(
             [
@@ -255,7 +317,8 @@ class Trainer:
         all_finite = bool(packed[1] == 0)
         # A non-finite loss anywhere makes the mean non-finite, as it should be.
         mean = float(packed[0] / n) if all_finite else float(packed[2] / n)
-        return mean, all_finite, bool(packed[3] > 0), bool(packed[4] > 0), bool(packed[5] > 0)
+        seen = Seen(swung=bool(packed[4] > 0), count=round(float(packed[6])))
+        return mean, all_finite, bool(packed[3] > 0), seen, bool(packed[5] > 0)
 
     def force_fp32(self, until: int) -> None:
         """Train in fp32 up to step ``until`` (level-3 recovery): no autocast, no loss
@@ -300,6 +363,7 @@ class Trainer:
                 "fp32_until": self.fp32_until,
                 "monitor": self.monitor.state_dict() if self.monitor else {},
                 "layers": self.layer_monitor.state_dict() if self.layer_monitor else {},
+                "surgery": self.surgeon.state_dict() if self.surgeon else {},
             },
         }
 
@@ -318,4 +382,6 @@ class Trainer:
             self.monitor.load_state_dict(extra["monitor"])
         if self.layer_monitor is not None and extra.get("layers"):
             self.layer_monitor.load_state_dict(extra["layers"])
+        if self.surgeon is not None and extra.get("surgery"):
+            self.surgeon.load_state_dict(extra["surgery"])
         return int(state["step"])

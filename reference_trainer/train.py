@@ -50,6 +50,7 @@ from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
 from reference_trainer.stability.recovery import Failure, RecoveryPolicy
 from reference_trainer.stability.recovery_run import RecoveryRun
+from reference_trainer.stability.surgery import GradientSurgeon
 from reference_trainer.step import Trainer
 
 
@@ -125,6 +126,9 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
             list(model.blocks),
             model.ln_f,
         )
+    surgeon = None
+    if layer_monitor is not None and cfg.stability.surgery.enabled:
+        surgeon = GradientSurgeon(cfg.stability.surgery, layer_monitor.stats.params)
     return Trainer(
         cfg=cfg,
         topo=topo,
@@ -140,6 +144,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         agent=agent,
         max_lr=peak_lr(cfg, topo.world_size),
         layer_monitor=layer_monitor,
+        surgeon=surgeon,
     )
 
 

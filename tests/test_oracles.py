@@ -87,6 +87,17 @@ def test_a_claim_with_nothing_behind_it_is_not_a_detection(tmp_path: Path) -> No
     assert "the trainer claimed nonfinite_guard, but nothing it did shows it" in check.detail
 
 
+def test_an_update_with_gradients_the_agent_saw_repaired_is_a_detection(tmp_path: Path) -> None:
+    repaired = Run(tmp_path / "repaired").steps(1, 14).fault(15).step(15, grads_repaired=True)
+    repaired.detect(15, "nonfinite_guard")
+    check = DetectedOracle(within_steps=0).judge(repaired.steps(16, TARGET).end().evidence())
+    assert check.passed and check.figures["detector"] in ("gradient_repaired", "nonfinite_guard")
+    # Negative control: the same claim, the step neither skipped nor repaired.
+    bare = Run(tmp_path / "bare").steps(1, 14).fault(15).step(15).detect(15, "nonfinite_guard")
+    check = DetectedOracle(within_steps=0).judge(bare.steps(16, TARGET).end().evidence())
+    assert not check.passed
+
+
 def test_what_the_trainer_did_is_a_detection_without_any_claim(tmp_path: Path) -> None:
     skip = Run(tmp_path / "skip").steps(1, 14).fault(15).step(15, skipped=True)
     check = DetectedOracle(within_steps=0).judge(skip.steps(16, TARGET).end().evidence())

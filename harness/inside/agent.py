@@ -52,7 +52,7 @@ from faults import (
 )
 from harness.inside.hooks import Inert
 from harness.inside.process_group import broadcast_text
-from harness.inside.step_evidence import params_finite
+from harness.inside.step_evidence import grads_finite, params_finite
 from harness.live.control import Answer, ArmedBoard, ControlChannel, register_pid
 from harness.records.events import (
     Claim,
@@ -157,6 +157,8 @@ class Agent:
         their forward hooks."""
         self.step = step
         self._injected_this_step = self._updated = False
+        self._broken_grads = False  # a fault left gradients non-finite after backward
+        self._repaired = False  # ... and they were finite when the optimizer stepped
         self._remove_grad_hooks()
         if self._saved:
             self._damage_saved()
@@ -226,11 +228,17 @@ class Agent:
         return batch
 
     def after_backward(self) -> None:
-        """Gradients exist: gradient faults act."""
+        """Gradients exist: gradient faults act (and the agent notes whether they left any
+        gradient non-finite)."""
         self._run(lambda inj, ctx: inj.after_backward(ctx))
+        if self._injected_this_step and self.model is not None:
+            self._broken_grads = not grads_finite(self.model)
 
     def before_optimizer_step(self) -> None:
-        """Just before ``optimizer.step``."""
+        """Just before ``optimizer.step``: gradients a fault left non-finite and that are
+        finite now were repaired by the trainer; then late gradient faults act."""
+        if self._broken_grads and self.model is not None:
+            self._repaired = grads_finite(self.model)
         self._run(lambda inj, ctx: inj.before_optimizer_step(ctx))
 
     def after_optimizer_step(self) -> None:
@@ -256,6 +264,8 @@ class Agent:
         observations = observed.fields()
         if self._updated is not None:
             observations["skipped"] = not self._updated
+        if self._repaired and self._updated:
+            observations["grads_repaired"] = True
         if self.check_due and self.model is not None:
             observations["params_finite"] = params_finite(self.model)
         self.journal.emit("step", self.step, **observations)

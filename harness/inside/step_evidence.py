@@ -96,6 +96,15 @@ def params_finite(model: nn.Module) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in params)
 
 
+def grads_finite(model: nn.Module) -> bool:
+    """True when every gradient of ``model`` is finite (no gradient counts as finite)."""
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None and p.numel()]
+    if not grads:
+        return True
+    with torch.no_grad():
+        return all(bool(torch.isfinite(g).all()) for g in grads)
+
+
 def _all_finite(values: Sequence[torch.Tensor]) -> bool:
     """True when every one of these scalars is finite (true), one sync per device."""
     devices: dict[torch.device, list[torch.Tensor]] = {}

@@ -108,13 +108,15 @@ def detections(journal: Journal) -> list[Detection]:
 
 
 #: Detectors whose evidence the agent observed itself (no trainer's word in it).
-OBSERVED = ("skipped_step", "rollback", "restart", "checkpoint_integrity")
+OBSERVED = ("skipped_step", "rollback", "restart", "checkpoint_integrity", "gradient_repaired")
 
 
 def responses(journal: Journal, fault: Event) -> list[Detection]:
     """What the run observably did about a fault, whatever it claimed, in journal order:
 
     - ``skipped_step``: a step at or after the fault ended with no update (any rank);
+    - ``gradient_repaired``: a step at or after the fault updated with gradients the agent
+      saw non-finite after backward and finite at the optimizer step (any rank);
     - ``rollback``: rank 0 trained a step number again that it had trained before;
     - ``restart``: the launcher restarted the workers;
     - ``checkpoint_integrity``: a load raised and the trainer then loaded another file, or
@@ -134,6 +136,8 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
             continue
         if event.kind == "step" and skipped(event):
             found.append(Detection(event, "skipped_step"))
+        elif event.kind == "step" and event.get("grads_repaired") is True:
+            found.append(Detection(event, "gradient_repaired"))
         elif event.kind == "restart":
             found.append(Detection(event, "restart"))
         elif event.kind == "file_load_failed":

@@ -125,6 +125,12 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                     "Observed by the agent: the step ended with no update (no optimizer step "
                     "and, for a trainer that updates by hand, parameters unchanged).",
                 ),
+                grads_repaired=FieldSpec(
+                    "bool",
+                    "Observed by the agent: a fault left gradients non-finite after backward, "
+                    "and they were finite when the optimizer stepped (the trainer repaired "
+                    "them instead of skipping the step).",
+                ),
                 docs=FieldSpec("int", "Documents that entered the training stream this step."),
                 contaminated_docs=FieldSpec(
                     "int", "Of those, injected duplicates (tagged by the contamination fault)."

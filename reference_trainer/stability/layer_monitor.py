@@ -8,6 +8,7 @@ whether the step went well: only good steps enter the history the next ones are 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +28,23 @@ class GradientVerdict:
     stalls: list[dict[str, Any]] = field(default_factory=list)
     #: A layer is stalled now: fp16 runs raise the loss scale.
     stalled: bool = False
+    #: Layers whose gradient norm is not finite while other layers' are.
+    broken: list[str] = field(default_factory=list)
+
+    @property
+    def ups(self) -> list[str]:
+        """Layers whose (finite) gradient swung up."""
+        return [s.layer for s in self.swings if s.signal == "grad_norm" and s.direction == "up"]
 
     @property
     def skip(self) -> bool:
         """A layer's gradient swung up: this rank asks for the update to be skipped."""
-        return any(s.signal == "grad_norm" and s.direction == "up" for s in self.swings)
+        return bool(self.ups)
+
+    @property
+    def repairable(self) -> list[str]:
+        """Layers gradient surgery could repair: swung up, or not finite while the rest is."""
+        return [*self.ups, *self.broken]
 
 
 class LayerMonitor:
@@ -74,7 +87,10 @@ class LayerMonitor:
         stalls: list[dict[str, Any]] = []
         if self.stall_config.enabled:
             stalls = self.stall.observe(self.stats.current, self.previous, self.history)
-        return GradientVerdict(found, stalls, bool(self.stall.stalled()))
+        broken = [name for name, norm in norms.items() if not math.isfinite(norm)]
+        if len(broken) == len(norms):
+            broken = []  # every layer: the cause is upstream of them all (the loss)
+        return GradientVerdict(found, stalls, bool(self.stall.stalled()), broken)
 
     def before_update(self) -> None:
         """Just before the optimizer step."""

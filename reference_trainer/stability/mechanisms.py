@@ -20,6 +20,7 @@ from reference_trainer.stability.loss_scale import LossScaleConfig
 from reference_trainer.stability.loss_spikes import RobustZScoreConfig, SpikeConfig
 from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
 from reference_trainer.stability.recovery import RecoveryConfig
+from reference_trainer.stability.surgery import SurgeryConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,6 +52,9 @@ class StabilityConfig:
     underflow: StallConfig = field(default_factory=StallConfig)
     """A layer whose parameters stopped updating while the rest train (fp16: the loss
     scale is raised until its gradients survive)."""
+    surgery: SurgeryConfig = field(default_factory=SurgeryConfig)
+    """Repair a layer's swung gradient (projection, structured dropout, safe mode) instead
+    of skipping the step (needs `layer_stats`, which detects the swing)."""
     lr_floor: float = 0.1
     """The cosine decays to this fraction of the peak learning rate and the last 20% of the
     run trains there (0: it decays to zero and the tail trains nothing)."""
@@ -71,6 +75,7 @@ class StabilityConfig:
             "dedup",
             "layer_stats",
             "underflow",
+            "surgery",
         ):
             getattr(self, name).enabled = False
         elif name == "spikes":
