@@ -4,54 +4,29 @@ failures as the policy decides, and journal it all through the agent."""
 from __future__ import annotations
 
 import math
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from faults import FaultPlan
 from harness.inside.agent import Agent
 from harness.records.events import Detected, RankLost, Recovered, Restart
 from harness.run_layout import RunLayout
+from reference_trainer.build import build, seed_everything
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
 from reference_trainer.checkpoints.run_dir import check_fresh, check_run, lost_ranks
 from reference_trainer.config import TrainConfig
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.data import (
-    DocumentPipeline,
-    ShardedLoader,
-    TokenLayout,
-    TokenStream,
-)
-from reference_trainer.model_and_data.dedup import DuplicateFilter
-from reference_trainer.model_and_data.model import GPT, Block
-from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
-from reference_trainer.model_and_data.tokenizer import (
-    load_tokenizer,
-    save_tokenizer,
-    train_tokenizer,
-)
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.processes.preemption import Preemption, journal_preemption
 from reference_trainer.processes.watchdog import Heartbeat
 from reference_trainer.stability.layer_claims import journal_layers, weights_changed
 from reference_trainer.stability.layer_diagnosis import DiagnosisReport
-from reference_trainer.stability.layer_monitor import LayerMonitor
-from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.loss_spikes import SpikeMonitor
-from reference_trainer.stability.precision import Precision
-from reference_trainer.stability.precision_switch import ActivationMonitor
 from reference_trainer.stability.recovery import Failure, RecoveryPolicy
 from reference_trainer.stability.recovery_run import RecoveryRun
-from reference_trainer.stability.surgery import GradientSurgeon
-from reference_trainer.step import Trainer
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,90 +37,6 @@ class RunResult:
     final_loss: float
     seconds: float
     status: str = "completed"
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) -> Any:
-    if topo.is_main and not RunLayout(run_dir).tokenizer.exists():
-        texts = (corpus.document(i).text for i in range(cfg.data.tokenizer_docs))
-        save_tokenizer(train_tokenizer(texts, cfg.model.vocab_size), run_dir)
-    distributed.barrier(topo)
-    return load_tokenizer(run_dir, cfg.model.vocab_size)
-
-
-def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trainer:
-    """Every piece of a fresh run (seeded by ``cfg.seed``), wired to the agent."""
-    corpus = Corpus(cfg.data.source_weights, cfg.data.seed)
-    tokenizer = _tokenizer(cfg, run_dir, corpus, topo)
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-    dedup = cfg.stability.dedup
-    documents = DocumentPipeline(
-        corpus,
-        wrap=agent.document_wrapper(),
-        dedup=DuplicateFilter(dedup) if dedup.enabled else None,
-    )
-    layout = TokenLayout.from_config(cfg.data, eot_id=0)
-    stream = TokenStream(documents, encode, layout, window=cfg.model.block_size + 1)
-    loader = ShardedLoader(
-        stream,
-        batch_size=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        rank=topo.rank,
-        world_size=topo.world_size,
-    )
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = GPT(cfg.model).to(topo.device)
-    # Dropout and any other draw differ per rank, as they would on a real cluster.
-    _seed_everything(cfg.seed + 1 + topo.rank)
-    optimizer = build_optimizer(model, cfg.optim)
-    wrapped: torch.nn.Module = model
-    if topo.distributed:
-        ids = [topo.local_rank] if topo.device.type == "cuda" else None
-        wrapped = DDP(model, device_ids=ids)
-    fp16 = cfg.precision == "fp16"
-    switching = cfg.stability.precision_switch
-    monitor = None
-    if fp16 and switching.enabled:
-        blocks = {f"blocks.{i}": b for i, b in enumerate(model.blocks) if isinstance(b, Block)}
-        monitor = ActivationMonitor(switching, blocks)
-    agent.model, agent.optimizer = model, optimizer
-    layer_monitor = None
-    if cfg.stability.layer_stats.enabled or cfg.stability.underflow.enabled:
-        layer_monitor = LayerMonitor(
-            cfg.stability.layer_stats,
-            cfg.stability.underflow,
-            model,
-            list(model.blocks),
-            model.ln_f,
-        )
-    surgeon = None
-    if layer_monitor is not None and cfg.stability.surgery.enabled:
-        surgeon = GradientSurgeon(cfg.stability.surgery, layer_monitor.stats.params)
-    return Trainer(
-        cfg=cfg,
-        topo=topo,
-        model=model,
-        wrapped=wrapped,
-        optimizer=optimizer,
-        precision=Precision(cfg.precision, topo.device.type),
-        scaler=DynamicLossScaler(cfg.stability.loss_scale, active=fp16),
-        monitor=monitor,
-        documents=documents,
-        stream=stream,
-        loader=loader,
-        agent=agent,
-        max_lr=peak_lr(cfg, topo.world_size),
-        layer_monitor=layer_monitor,
-        surgeon=surgeon,
-    )
 
 
 def _print(topo: Topology, message: str) -> None:
@@ -262,7 +153,7 @@ class Run:
         if rng is not None:
             ckpt.set_rng_state(rng)
         else:  # a rank that did not exist when the checkpoint was taken
-            _seed_everything(self.cfg.seed + 1 + self.topo.rank + step * 1009)
+            seed_everything(self.cfg.seed + 1 + self.topo.rank + step * 1009)
         self.agent.checkpoint_loaded(path)
         return step
 
