@@ -29,5 +29,12 @@ LAUNCHER_MECHANISMS = {
     "restarts": "torchrun restarts the workers after a failure (--max-restarts)",
 }
 
+#: Off by default, switched on one by one (``--enable NAME``, a suite's ``trainer.enable``):
+#: choices a measurement found not worth their cost as defaults.
+OPT_IN = {
+    "forecast_acting": "the LSTM forecaster's claims above its band trigger recovery "
+    "(it only journals by default: docs/detectors.md)",
+}
+
 #: Every name a suite's ``trainer.disable`` may hold.
 MECHANISMS = {**TRAINER_MECHANISMS, **LAUNCHER_MECHANISMS}

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from faults import FaultPlan
 from harness.errors import TightropeError
-from harness.mechanisms import TRAINER_MECHANISMS
+from harness.mechanisms import OPT_IN, TRAINER_MECHANISMS
 from reference_trainer.checkpoints.files import checkpoint_step, complete_checkpoints
 from reference_trainer.checkpoints.run_dir import check_resumable, check_run
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"switch one mechanism off (repeatable): {', '.join(TRAINER_MECHANISMS)}",
     )
     p.add_argument(
+        "--enable",
+        action="append",
+        default=[],
+        choices=sorted(OPT_IN),
+        metavar="MECHANISM",
+        help=f"switch one opt-in mechanism on (repeatable): {', '.join(OPT_IN)}",
+    )
+    p.add_argument(
         "--fault-plan", type=Path, metavar="PLAN.yaml", help="inject the faults of this plan"
     )
     return p
@@ -100,11 +108,13 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
             cfg.stability = StabilityConfig.fragile()
         for name in args.disable:
             cfg.stability.disable(name)
+        for name in args.enable:
+            cfg.stability.enable(name)
         return _apply(cfg, given)
-    if (args.fragile or args.disable) and not restart_count():
+    if (args.fragile or args.disable or args.enable) and not restart_count():
         # (A restarted worker gets the first attempt's flags again; they are settled.)
         raise ConfigError(
-            "--fragile and --disable apply to fresh runs; a resumed run keeps its own"
+            "--fragile, --disable and --enable apply to fresh runs; a resumed run keeps its own"
         )
     cfg = TrainConfig.load(args.run_dir)
     if args.preset is not None and args.preset != cfg.preset:

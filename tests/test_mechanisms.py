@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.mechanisms import LAUNCHER_MECHANISMS, MECHANISMS, TRAINER_MECHANISMS
+from harness.mechanisms import LAUNCHER_MECHANISMS, MECHANISMS, OPT_IN, TRAINER_MECHANISMS
 from harness.suites.scenario import TrainerSpec
 from reference_trainer.cli import build_parser
 from reference_trainer.stability.mechanisms import StabilityConfig
@@ -46,3 +46,25 @@ def test_the_docs_describe_every_mechanism_and_no_other() -> None:
     assert rows == list(TRAINER_MECHANISMS)
     for name in LAUNCHER_MECHANISMS:
         assert f"disable: [{name}]" in text
+
+
+def test_the_trainer_and_the_suite_accept_exactly_the_opt_ins() -> None:
+    (action,) = [a for a in build_parser()._actions if "--enable" in a.option_strings]
+    assert set(action.choices or ()) == set(OPT_IN)
+    assert TrainerSpec(enable=list(OPT_IN)).enable == list(OPT_IN)
+    with pytest.raises(ValueError, match="unknown opt-in"):
+        TrainerSpec(enable=["seatbelt"])
+    with pytest.raises(KeyError):
+        StabilityConfig().enable("seatbelt")
+
+
+@pytest.mark.parametrize("name", sorted(OPT_IN))
+def test_each_opt_in_switches_something_on_but_not_under_fragile(name: str) -> None:
+    config = StabilityConfig()
+    before = repr(config)
+    config.enable(name)
+    assert repr(config) != before, f"--enable {name} changed nothing"
+    fragile = StabilityConfig.fragile()
+    before = repr(fragile)
+    fragile.enable(name)
+    assert repr(fragile) == before  # its detector is off: nothing to switch on

@@ -138,7 +138,7 @@ scenarios:
         (
             "{name: a, trainer: {command: 'python t.py', resume_after: 3}, "
             "expect: {completed: true}}",
-            "disable and resume_after apply to the reference trainer",
+            "disable, enable and resume_after apply to the reference trainer",
         ),
         ("{name: 'bad name!', expect: {completed: true}}", "scenarios[0].name: String should"),
         (

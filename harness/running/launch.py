@@ -85,6 +85,8 @@ def reference_command(
     for name in spec.disable:
         if name not in LAUNCHER_MECHANISMS:  # the launcher's, not the trainer's
             argv += ["--disable", name]
+    for name in spec.enable:
+        argv += ["--enable", name]
     if stop_after is not None:
         argv += ["--stop-after", str(stop_after)]
     if plan is not None:

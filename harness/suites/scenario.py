@@ -24,7 +24,7 @@ from faults import FaultPlan, FaultSpec
 from faults.errors import FaultSpecError
 from faults.registry import parse_fault
 from faults.spec import FaultClass
-from harness.mechanisms import MECHANISMS
+from harness.mechanisms import MECHANISMS, OPT_IN
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
 #: mechanism on, and the same trainer with all of them off (the negative control).
@@ -93,6 +93,10 @@ class TrainerSpec(_Model):
         description="Stability mechanisms to switch off (reference); `restarts` means no "
         "torchrun restarts.",
     )
+    enable: list[str] = Field(
+        default_factory=list,
+        description="Opt-in mechanisms to switch on (reference): see harness.mechanisms.OPT_IN.",
+    )
     timeout: float = Field(
         default=300.0,
         gt=0,
@@ -118,13 +122,26 @@ class TrainerSpec(_Model):
             )
         return value
 
+    @field_validator("enable")
+    @classmethod
+    def _known_opt_ins(cls, value: list[str]) -> list[str]:
+        unknown = [m for m in value if m not in OPT_IN]
+        if unknown:
+            raise ValueError(
+                f"unknown opt-in mechanism(s) {', '.join(unknown)}; expected some of "
+                f"{', '.join(OPT_IN)}"
+            )
+        return value
+
     @model_validator(mode="after")
     def _command_or_reference(self) -> TrainerSpec:
         if self.command is not None and not self.command.strip():
             raise ValueError("command is empty")
-        if self.command is not None and (self.disable or self.resume_after is not None):
+        if self.command is not None and (
+            self.disable or self.enable or self.resume_after is not None
+        ):
             raise ValueError(
-                "disable and resume_after apply to the reference trainer, not to a command"
+                "disable, enable and resume_after apply to the reference trainer, not to a command"
             )
         if self.cwd is not None and self.command is None:
             raise ValueError("cwd applies to a command trainer; the reference trainer has none")

@@ -96,6 +96,15 @@ class StabilityConfig:
         else:
             raise KeyError(name)
 
+    def enable(self, name: str) -> None:
+        """Switch on one opt-in mechanism by its name (`harness.mechanisms.OPT_IN`); one
+        whose detector is off (under ``--fragile``) stays off."""
+        if name == "forecast_acting":
+            if "forecast" in self.spikes.enabled and "forecast" not in self.spikes.acting:
+                self.spikes.acting = (*self.spikes.acting, "forecast")
+        else:
+            raise KeyError(name)
+
     @classmethod
     def fragile(cls) -> StabilityConfig:
         """Every stability mechanism off (checkpoints stay full, written in the background)."""
