@@ -162,8 +162,9 @@ class Trainer:
             skip = True
         # One or some layers' gradients went wrong, on every rank alike (the same gradients
         # after the all-reduce), and the forward pass was normal: repair, do not skip.
-        everywhere = repair_on.count == self.topo.world_size and not scaler.active
-        if skip and everywhere and (all_finite or cfg.stability.nonfinite_guard):
+        # (In fp16 a non-finite gradient is an overflow: the loss scaler's, not surgery's.)
+        everywhere = repair_on.count == self.topo.world_size
+        if skip and everywhere and (all_finite or not scaler.active):
             repaired = self._operate(repairable, step, mean_loss)
             claims += repaired
             skip = not repaired

@@ -88,7 +88,7 @@ class LayerMonitor:
         if self.stall_config.enabled:
             stalls = self.stall.observe(self.stats.current, self.previous, self.history)
         broken = [name for name, norm in norms.items() if not math.isfinite(norm)]
-        if len(broken) == len(norms):
+        if len(broken) == len(norms) or not self.config.enabled:
             broken = []  # every layer: the cause is upstream of them all (the loss)
         return GradientVerdict(found, stalls, bool(self.stall.stalled()), broken)
 

@@ -162,20 +162,17 @@ class LayerStats:
 
     def after_update(self, skipped: bool) -> None:
         """Each layer's update ratio (0 when the update was skipped)."""
-        before = self._before
+        before, self._before = self._before, None
         at = 0
         for layer, params in self.params.items():
             entry = self._current.layers.setdefault(layer, {})
-            if before is None or skipped:
-                entry["update_ratio"] = 0.0
-                at += len(params)
-                continue
-            mine = before[at : at + len(params)]
-            deltas = [p.detach() - b for p, b in zip(params, mine, strict=True)]
-            at += len(params)
+            mine, at = (before or [])[at : at + len(params)], at + len(params)
             weight = entry.get("weight_norm", 0.0)
-            entry["update_ratio"] = _norm(deltas) / weight if weight > 0 else 0.0
-        self._before = None
+            if skipped or not mine or not weight > 0:
+                entry["update_ratio"] = 0.0
+                continue
+            torch._foreach_sub_(mine, [p.detach() for p in params])  # the copy becomes -delta
+            entry["update_ratio"] = _norm(mine) / weight
 
     def finish(self) -> StepStats:
         """The step's statistics, activations included."""
@@ -196,5 +193,5 @@ class LayerStats:
 def _norm(tensors: list[torch.Tensor]) -> float:
     if not tensors:
         return 0.0
-    per = torch.stack([torch.linalg.vector_norm(t.float(), 2.0) for t in tensors])
-    return float(torch.linalg.vector_norm(per, 2.0))
+    per = torch._foreach_norm([t.float() for t in tensors], 2.0)
+    return float(torch.linalg.vector_norm(torch.stack(per), 2.0))

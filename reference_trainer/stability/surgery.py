@@ -42,6 +42,9 @@ class SurgeryConfig:
     enabled: bool = True
     window: int = 6
     """Recent good gradients per layer that span its normal directions."""
+    remember_every: int = 4
+    """Keep one good step's gradients in this many (the window spans 24 steps; a copy of
+    every gradient at every step would cost about 10% of a `small` step)."""
     dropout_share: float = 0.1
     """Share of each matrix's rows frozen after surgery."""
     dropout_steps: int = 3
@@ -59,7 +62,7 @@ class SurgeryConfig:
 
     def __post_init__(self) -> None:
         p = "stability.surgery."
-        for name in ("window", "dropout_steps", "calm_steps"):
+        for name in ("window", "remember_every", "dropout_steps", "calm_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{p}{name} must be >= 1, got {getattr(self, name)}")
         for name in ("dropout_share", "safe_lr", "safe_clip"):
@@ -90,16 +93,26 @@ class GradientSurgeon:
         }
         self.losses: deque[float] = deque(maxlen=20)
         self.safe: _Safe | None = None
+        self._good = 0  # good steps seen, to keep one in ``remember_every``
 
     # -- what it remembers -------------------------------------------------------------
 
     def remember(self, loss: float) -> None:
-        """A good step: keep its gradients (after unscaling, before clipping) and loss."""
+        """A good step: keep its loss, and one in ``remember_every`` its gradients (after
+        unscaling, before clipping)."""
         self.losses.append(loss)
+        self._good += 1
+        if self._good % self.config.remember_every and not self._filling:
+            return
         for name, params in self.layers.items():
-            flat = _flat(params)
+            flat = _flat(params)  # a new tensor: the gradients themselves stay untouched
             if flat is not None:
-                self.window[name].append(flat.detach().clone())
+                self.window[name].append(flat.detach())
+
+    @property
+    def _filling(self) -> bool:
+        """Fewer than 2 gradients kept: every good step counts until there are."""
+        return any(len(w) < 2 for w in self.window.values())
 
     def forward_was_normal(self, loss: float) -> bool:
         """The step's loss is not above ``loss_rise`` times its recent median."""
@@ -260,6 +273,7 @@ class GradientSurgeon:
         for window in self.window.values():
             window.clear()
         self.losses.clear()
+        self._good = 0
         saved = state.get("safe")
         if saved is None:
             self.safe = None
