@@ -19,6 +19,7 @@ TRAINER_MECHANISMS = {
     "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
     "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
     "lr_floor": "the last 20% trains at a small learning rate (10% of the peak), not at zero",
+    "adaptive_warmup": "a noisy start (erratic gradient norms) warms up at a lower learning rate",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

@@ -2,7 +2,8 @@
 
 batch (bad-data faults) -> forward under autocast (blocks may run in fp32)
 -> scaled backward -> gradient faults -> unscale -> global gradient norm
--> non-finite guard, agreed by all ranks (skip the update everywhere)
+-> non-finite guard, agreed by all ranks (skip the update everywhere; the agreed norm
+   feeds the adaptive warmup of the next steps)
 -> adaptive clipping -> optimizer step -> loss-scale update -> precision switches
 """
 
@@ -26,6 +27,7 @@ from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoade
 from reference_trainer.model_and_data.model import GPT, next_token_loss
 from reference_trainer.model_and_data.optim import layer_of, lr_at
 from reference_trainer.processes.distributed import Topology
+from reference_trainer.stability.adaptive_warmup import AdaptiveWarmup
 from reference_trainer.stability.clipping import clip_gradients, clip_threshold
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
@@ -71,10 +73,14 @@ class Trainer:
     #: Whether this process received SIGTERM (shared with every rank at each step).
     preempt_requested: Callable[[], bool] = lambda: False
     layers: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict)
+    warmup: AdaptiveWarmup = field(init=False)
 
     def __post_init__(self) -> None:
         for name, param in self.model.named_parameters():
             self.layers.setdefault(layer_of(name), []).append(param)
+        self.warmup = AdaptiveWarmup(
+            self.cfg.stability.adaptive_warmup, self.cfg.optim.warmup_steps
+        )
 
     def lr(self, step: int) -> float:
         """Learning rate of 1-based ``step``."""
@@ -85,7 +91,7 @@ class Trainer:
             total_steps=self.cfg.steps,
             min_lr_ratio=self.cfg.stability.lr_floor,
         )
-        return base * self.lr_scale
+        return base * self.lr_scale * self.warmup.factor(step)
 
     def step(self, step: int) -> StepResult:
         """Train step ``step`` (1-based)."""
@@ -116,8 +122,13 @@ class Trainer:
                 torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
             )
         )
-        mean_loss, all_finite, preempted = self._agree(local, math.isfinite(grad_norm))
+        mean_loss, all_finite, preempted, mean_norm = self._agree(local, grad_norm)
         claims: list[Claim] = []
+        noisy = self.warmup.claim(step, lr)
+        if noisy is not None:
+            claims.append(noisy)
+        grad_variance = self.warmup.grad_variance()
+        factor = self.warmup.factor(step)
         skip = not all_finite and (cfg.stability.nonfinite_guard or scaler.active)
         if skip:
             self.optimizer.zero_grad(set_to_none=True)
@@ -137,6 +148,7 @@ class Trainer:
             self.optimizer.step()
             agent.after_optimizer_step()
             self.optimizer.zero_grad(set_to_none=True)
+            self.warmup.observe(mean_norm)
         change = scaler.update(overflow=not all_finite)
         if change is not None:
             name = "loss_scale_" + change.action
@@ -188,21 +200,36 @@ class Trainer:
             skipped=skip,
             docs=counters.docs,
             contaminated_docs=counters.contaminated_docs,
+            **self._warmup_fields(step, grad_variance, factor),
         )
         return StepResult(observed, claims, preempted)
 
-    def _agree(self, local_loss: torch.Tensor, grads_finite: bool) -> tuple[float, bool, bool]:
-        """Mean loss over ranks, whether every rank's loss and gradients are finite, and
-        whether any rank was asked to stop (SIGTERM): one collective, so all ranks take
-        the same decisions."""
-        finite = torch.isfinite(local_loss) & torch.tensor(grads_finite, device=local_loss.device)
-        stop = torch.tensor(float(self.preempt_requested()), device=local_loss.device)
+    def _warmup_fields(self, step: int, grad_variance: float | None, factor: float) -> Any:
+        """The adaptive warmup's fields of the `step` event: the variance whenever measured,
+        the factor during warmup; none when the mechanism is off."""
+        fields: dict[str, float] = {}
+        if grad_variance is not None:
+            fields["grad_variance"] = grad_variance
+        if self.cfg.stability.adaptive_warmup.enabled and step <= self.cfg.optim.warmup_steps:
+            fields["warmup_factor"] = factor
+        return fields
+
+    def _agree(self, local_loss: torch.Tensor, grad_norm: float) -> tuple[float, bool, bool, float]:
+        """Mean loss over ranks, whether every rank's loss and gradients are finite,
+        whether any rank was asked to stop (SIGTERM), and the mean gradient norm over
+        ranks (meaningful when all are finite): one collective, so all ranks take the
+        same decisions."""
+        device = local_loss.device
+        finite = torch.isfinite(local_loss) & torch.tensor(math.isfinite(grad_norm), device=device)
+        stop = torch.tensor(float(self.preempt_requested()), device=device)
+        norm = torch.tensor(grad_norm if math.isfinite(grad_norm) else 0.0, device=device)
         packed = torch.stack(
             [
                 torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0),
                 (~finite).float(),
                 local_loss,
                 stop,
+                norm.to(local_loss.dtype),
             ]
         )
         if self.topo.distributed:
@@ -211,7 +238,7 @@ class Trainer:
         all_finite = bool(packed[1] == 0)
         # A non-finite loss anywhere makes the mean non-finite, as it should be.
         mean = float(packed[0] / n) if all_finite else float(packed[2] / n)
-        return mean, all_finite, bool(packed[3] > 0)
+        return mean, all_finite, bool(packed[3] > 0), float(packed[4] / n)
 
     def force_fp32(self, until: int) -> None:
         """Train in fp32 up to step ``until`` (level-3 recovery): no autocast, no loss
@@ -255,6 +282,7 @@ class Trainer:
                 "precision": self.precision.name,
                 "fp32_until": self.fp32_until,
                 "monitor": self.monitor.state_dict() if self.monitor else {},
+                "adaptive_warmup": self.warmup.state_dict(),
             },
         }
 
@@ -271,4 +299,8 @@ class Trainer:
         self._set_precision("fp32" if self.fp32_until is not None else self.cfg.precision)
         if self.monitor is not None and extra.get("monitor"):
             self.monitor.load_state_dict(extra["monitor"])
+        if "adaptive_warmup" in extra:
+            self.warmup.load_state_dict(extra["adaptive_warmup"])
+        else:  # a checkpoint from before the mechanism existed: start the window afresh
+            self.warmup.reset()
         return int(state["step"])

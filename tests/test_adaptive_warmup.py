@@ -1,13 +1,17 @@
-"""Adaptive warmup: the variance it measures and the factor it applies."""
+"""Adaptive warmup: the variance it measures, the factor it applies, and runs that show a
+noisy start warming up at a lower learning rate and a too-high warmup learning rate
+tamed (with and without the mechanism)."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.records.journal import Journal
 from reference_trainer.errors import ConfigError
 from reference_trainer.stability.adaptive_warmup import (
     AdaptiveWarmup,
@@ -15,6 +19,17 @@ from reference_trainer.stability.adaptive_warmup import (
     log_ratio_variance,
     warmup_factor,
 )
+from reference_trainer.stability.mechanisms import StabilityConfig
+
+from .stability_support import claims, config, final_loss, run
+
+WARMUP = 20  # longer than the window, so the window fills during warmup
+
+#: Every other warmup step trains on random tokens: the gradient norm swings step to step.
+NOISY_START = [{"kind": "bad_batch", "at_step": s, "fraction": 1.0} for s in range(1, WARMUP, 2)]
+
+#: The learning rate of warmup steps 3-12 is fifty times too high.
+HOT_START = [{"kind": "lr_spike", "at_step": 3, "factor": 50.0, "duration": 10}]
 
 
 def tracker(warmup_steps: int = 10, **fields: Any) -> AdaptiveWarmup:
@@ -75,6 +90,16 @@ def test_skipped_and_non_finite_norms_are_left_out() -> None:
     assert list(warmup.norms) == [1.0, 1.1, 1.0, 1.1]
 
 
+def test_off_it_measures_nothing() -> None:
+    config = StabilityConfig()
+    config.disable("adaptive_warmup")
+    warmup = AdaptiveWarmup(config.adaptive_warmup, 10)
+    for norm in (1.0, 3.0, 0.3, 3.0, 0.3):
+        warmup.observe(norm)
+    assert warmup.grad_variance() is None and warmup.factor(5) == 1.0
+    assert not StabilityConfig.fragile().adaptive_warmup.enabled
+
+
 def test_a_fall_is_claimed_once_until_the_factor_recovers() -> None:
     warmup = tracker(warmup_steps=100, window=3)
     found = []
@@ -112,3 +137,71 @@ def test_the_state_round_trips() -> None:
 def test_bad_config_names_the_field(fields: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         AdaptiveWarmupConfig(**fields)
+
+
+# -- runs -----------------------------------------------------------------------------------
+
+
+def warmup_run(
+    run_dir: Path,
+    steps: int,
+    faults: list[dict[str, Any]] | None = None,
+    *,
+    disable: tuple[str, ...] = (),
+    seed: int = 0,
+    **train: Any,
+) -> Journal:
+    """A tiny run whose warmup lasts `WARMUP` steps (``train``: `train()`'s options)."""
+    cfg = config(steps=steps, disable=disable, seed=seed)
+    cfg.optim.warmup_steps = WARMUP
+    return run(run_dir, cfg, faults, **train)[1]
+
+
+def lrs(journal: Journal) -> dict[int, float]:
+    """The learning rate of each step."""
+    return {step: event["lr"] for step, event in journal.steps().items()}
+
+
+@pytest.mark.slow
+def test_a_noisier_start_warms_up_at_a_lower_lr(tmp_path: Path) -> None:
+    clean = warmup_run(tmp_path / "clean", WARMUP)
+    noisy = warmup_run(tmp_path / "noisy", WARMUP, NOISY_START)
+    plain = warmup_run(tmp_path / "plain", WARMUP, NOISY_START, disable=("adaptive_warmup",))
+    measured = [s for s, e in noisy.steps().items() if "grad_variance" in e.fields]
+    assert measured and measured[-1] == WARMUP
+    for step in measured:
+        assert lrs(noisy)[step] < lrs(clean)[step] <= lrs(plain)[step]
+        event = noisy.steps()[step]
+        assert event["lr"] == pytest.approx(lrs(plain)[step] * event["warmup_factor"])
+    (claim,) = claims(noisy, "detected", "grad_variance")
+    assert claim["details"]["factor"] < 0.5
+    assert not claims(clean, "detected", "grad_variance")
+
+
+@pytest.mark.slow
+def test_a_too_hot_start_hurts_less_with_it(tmp_path: Path) -> None:
+    """Over two seeds (one seed alone is a coin toss of where the swings fall)."""
+    steps, harm_with, harm_without = 40, 0.0, 0.0
+    for seed in (0, 1):
+        clean = final_loss(warmup_run(tmp_path / f"clean-{seed}", steps, seed=seed))
+        adaptive = warmup_run(tmp_path / f"adaptive-{seed}", steps, HOT_START, seed=seed)
+        plain = warmup_run(
+            tmp_path / f"plain-{seed}", steps, HOT_START, seed=seed, disable=("adaptive_warmup",)
+        )
+        assert claims(adaptive, "detected", "grad_variance")
+        harm_with += final_loss(adaptive) - clean
+        harm_without += final_loss(plain) - clean
+        assert final_loss(plain) > 1.05 * clean  # without it the hot start costs the run
+    assert harm_with < 0.5 * harm_without
+
+
+@pytest.mark.slow
+def test_resume_inside_warmup_is_bit_exact(tmp_path: Path) -> None:
+    straight = warmup_run(tmp_path / "straight", WARMUP, NOISY_START)
+    warmup_run(tmp_path / "split", WARMUP, NOISY_START, stop_after=10)
+    split = warmup_run(tmp_path / "split", WARMUP, NOISY_START, resume=True)
+    # Step 11's factor comes from norms seen before the stop: a resume that lost the
+    # window would train it at factor 1.
+    assert straight.steps()[11]["warmup_factor"] < 1.0
+    assert lrs(split) == lrs(straight)
+    assert split.losses() == straight.losses()

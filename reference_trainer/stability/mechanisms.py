@@ -13,6 +13,7 @@ from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
+from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
 from reference_trainer.stability.clipping import ClipConfig
 from reference_trainer.stability.loss_scale import LossScaleConfig
 from reference_trainer.stability.loss_spikes import RobustZScoreConfig, SpikeConfig
@@ -47,6 +48,7 @@ class StabilityConfig:
     lr_floor: float = 0.1
     """The cosine decays to this fraction of the peak learning rate and the last 20% of the
     run trains there (0: it decays to zero and the tail trains nothing)."""
+    adaptive_warmup: AdaptiveWarmupConfig = field(default_factory=AdaptiveWarmupConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -56,7 +58,14 @@ class StabilityConfig:
         """Switch off one mechanism by its name (`harness.mechanisms.TRAINER_MECHANISMS`)."""
         if name == "nonfinite_guard":
             self.nonfinite_guard = False
-        elif name in ("loss_scale", "precision_switch", "clipping", "recovery", "dedup"):
+        elif name in (
+            "loss_scale",
+            "precision_switch",
+            "clipping",
+            "recovery",
+            "dedup",
+            "adaptive_warmup",
+        ):
             getattr(self, name).enabled = False
         elif name == "spikes":
             self.spikes.enabled = ()
