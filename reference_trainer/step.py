@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.inside.agent import Agent
-from harness.records.events import Claim, Detected, Recovered, StepObserved
+from harness.records.events import OMIT, Claim, Detected, Recovered, StepObserved
 from reference_trainer.config import TrainConfig
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
 from reference_trainer.model_and_data.model import GPT, next_token_loss
@@ -128,7 +128,9 @@ class Trainer:
         if noisy is not None:
             claims.append(noisy)
         grad_variance = self.warmup.grad_variance()
-        factor = self.warmup.factor(step)
+        # The factor is journaled while it can act: during warmup, with the mechanism on.
+        in_warmup = cfg.stability.adaptive_warmup.enabled and step <= cfg.optim.warmup_steps
+        factor = self.warmup.factor(step) if in_warmup else OMIT
         skip = not all_finite and (cfg.stability.nonfinite_guard or scaler.active)
         if skip:
             self.optimizer.zero_grad(set_to_none=True)
@@ -200,19 +202,10 @@ class Trainer:
             skipped=skip,
             docs=counters.docs,
             contaminated_docs=counters.contaminated_docs,
-            **self._warmup_fields(step, grad_variance, factor),
+            grad_variance=OMIT if grad_variance is None else grad_variance,
+            warmup_factor=factor,
         )
         return StepResult(observed, claims, preempted)
-
-    def _warmup_fields(self, step: int, grad_variance: float | None, factor: float) -> Any:
-        """The adaptive warmup's fields of the `step` event: the variance whenever measured,
-        the factor during warmup; none when the mechanism is off."""
-        fields: dict[str, float] = {}
-        if grad_variance is not None:
-            fields["grad_variance"] = grad_variance
-        if self.cfg.stability.adaptive_warmup.enabled and step <= self.cfg.optim.warmup_steps:
-            fields["warmup_factor"] = factor
-        return fields
 
     def _agree(self, local_loss: torch.Tensor, grad_norm: float) -> tuple[float, bool, bool, float]:
         """Mean loss over ranks, whether every rank's loss and gradients are finite,
