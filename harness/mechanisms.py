@@ -22,6 +22,7 @@ TRAINER_MECHANISMS = {
     "layer_stats": "per-layer statistics, the layer swing detector, diagnosis of the problem layer",
     "underflow": "a layer that stopped updating is detected; fp16 raises the loss scale",
     "surgery": "repair a layer's swung gradient instead of skipping the step",
+    "adaptive_warmup": "a noisy start (erratic gradient norms) warms up at a lower learning rate",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

@@ -2,7 +2,8 @@
 
 batch (bad-data faults) -> forward under autocast (blocks may run in fp32)
 -> scaled backward -> gradient faults -> unscale -> global gradient norm
--> non-finite guard, agreed by all ranks (skip the update everywhere)
+-> non-finite guard, agreed by all ranks (skip the update everywhere; the agreed norm
+   feeds the adaptive warmup of the next steps)
 -> adaptive clipping -> optimizer step -> loss-scale update -> precision switches
 """
 
@@ -20,12 +21,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.inside.agent import Agent
-from harness.records.events import Claim, Detected, Recovered, StepObserved
+from harness.records.events import OMIT, Claim, Detected, Recovered, StepObserved
 from reference_trainer.config import TrainConfig
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
 from reference_trainer.model_and_data.model import GPT, next_token_loss
 from reference_trainer.model_and_data.optim import layer_of, lr_at
 from reference_trainer.processes.distributed import Topology
+from reference_trainer.stability.adaptive_warmup import AdaptiveWarmup
 from reference_trainer.stability.clipping import clip_gradients, clip_threshold
 from reference_trainer.stability.layer_monitor import LayerMonitor
 from reference_trainer.stability.layer_stats import StepStats
@@ -90,10 +92,14 @@ class Trainer:
     layer_monitor: LayerMonitor | None = None
     #: Repairs a swung gradient instead of skipping the step (None when off).
     surgeon: GradientSurgeon | None = None
+    warmup: AdaptiveWarmup = field(init=False)
 
     def __post_init__(self) -> None:
         for name, param in self.model.named_parameters():
             self.layers.setdefault(layer_of(name), []).append(param)
+        self.warmup = AdaptiveWarmup(
+            self.cfg.stability.adaptive_warmup, self.cfg.optim.warmup_steps
+        )
 
     def lr(self, step: int) -> float:
         """Learning rate of 1-based ``step``."""
@@ -105,7 +111,7 @@ class Trainer:
             min_lr_ratio=self.cfg.stability.lr_floor,
         )
         safe = self.surgeon.lr_factor if self.surgeon is not None else 1.0
-        return base * self.lr_scale * safe
+        return base * self.lr_scale * safe * self.warmup.factor(step)
 
     def step(self, step: int) -> StepResult:
         """Train step ``step`` (1-based)."""
@@ -141,15 +147,22 @@ class Trainer:
         )
         verdict = watch.gradients() if watch is not None else None
         repairable = verdict.repairable if verdict is not None else []
-        mean_loss, all_finite, preempted, repair_on, stalled = self._agree(
+        mean_loss, all_finite, preempted, mean_norm, repair_on, stalled = self._agree(
             local,
-            math.isfinite(grad_norm),
+            grad_norm,
             swung=verdict is not None and verdict.skip,
             stalled=verdict is not None and verdict.stalled,
             repairable=bool(repairable),
         )
         swung = verdict is not None and (verdict.skip or repair_on.swung)
         claims: list[Claim] = []
+        noisy = self.warmup.claim(step, lr)
+        if noisy is not None:
+            claims.append(noisy)
+        grad_variance = self.warmup.grad_variance()
+        # The factor is journaled while it can act: during warmup, with the mechanism on.
+        in_warmup = cfg.stability.adaptive_warmup.enabled and step <= cfg.optim.warmup_steps
+        factor = self.warmup.factor(step) if in_warmup else OMIT
         skip = not all_finite and (cfg.stability.nonfinite_guard or scaler.active)
         if skip:
             claims.append(
@@ -196,6 +209,7 @@ class Trainer:
                 watch.after_update(skipped=False)
             agent.after_optimizer_step()
             self.optimizer.zero_grad(set_to_none=True)
+            self.warmup.observe(mean_norm)
         change = scaler.update(overflow=not all_finite)
         if stalled and all_finite and change is None:  # gradients flushed to zero in fp16
             change = scaler.raise_scale(cfg.stability.underflow.max_scale)
@@ -249,6 +263,8 @@ class Trainer:
             skipped=skip,
             docs=counters.docs,
             contaminated_docs=counters.contaminated_docs,
+            grad_variance=OMIT if grad_variance is None else grad_variance,
+            warmup_factor=factor,
         )
         layers = None
         if watch is not None:
@@ -284,28 +300,36 @@ class Trainer:
     def _agree(
         self,
         local_loss: torch.Tensor,
-        grads_finite: bool,
+        grad_norm: float,
         *,
         swung: bool,
         stalled: bool,
         repairable: bool,
-    ) -> tuple[float, bool, bool, Seen, bool]:
+    ) -> tuple[float, bool, bool, float, Seen, bool]:
         """Mean loss over ranks, whether every rank's loss and gradients are finite,
-        whether any rank was asked to stop (SIGTERM), how many saw a layer's gradient swing
-        up, and whether any saw a layer stall: one collective (the barrier every rank
-        stops at), so all ranks take the same decisions."""
+        whether any rank was asked to stop (SIGTERM), the mean gradient norm over ranks
+        (meaningful when all are finite), how many ranks saw a layer's gradient swing up or
+        one surgery could repair, and whether any saw a layer stall: one collective (the
+        barrier every rank stops at), so all ranks take the same decisions."""
         device = local_loss.device
-        finite = torch.isfinite(local_loss) & torch.tensor(grads_finite, device=device)
+        finite = torch.isfinite(local_loss) & torch.tensor(math.isfinite(grad_norm), device=device)
         flags = torch.tensor(
-            [float(self.preempt_requested()), float(swung), float(stalled), float(repairable)],
+            [
+                float(self.preempt_requested()),
+                grad_norm if math.isfinite(grad_norm) else 0.0,
+                float(swung),
+                float(stalled),
+                float(repairable),
+            ],
             device=device,
+            dtype=local_loss.dtype,
         )
         packed = torch.cat(
             [
                 torch.stack(
                     [
                         torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0),
-                        (~finite).float(),
+                        (~finite).to(local_loss.dtype),
                         local_loss,
                     ]
                 ),
@@ -318,8 +342,15 @@ class Trainer:
         all_finite = bool(packed[1] == 0)
         # A non-finite loss anywhere makes the mean non-finite, as it should be.
         mean = float(packed[0] / n) if all_finite else float(packed[2] / n)
-        seen = Seen(swung=bool(packed[4] > 0), count=round(float(packed[6])))
-        return mean, all_finite, bool(packed[3] > 0), seen, bool(packed[5] > 0)
+        seen = Seen(swung=bool(packed[5] > 0), count=round(float(packed[7])))
+        return (
+            mean,
+            all_finite,
+            bool(packed[3] > 0),
+            float(packed[4] / n),
+            seen,
+            bool(packed[6] > 0),
+        )
 
     def force_fp32(self, until: int) -> None:
         """Train in fp32 up to step ``until`` (level-3 recovery): no autocast, no loss
@@ -365,6 +396,7 @@ class Trainer:
                 "monitor": self.monitor.state_dict() if self.monitor else {},
                 "layers": self.layer_monitor.state_dict() if self.layer_monitor else {},
                 "surgery": self.surgeon.state_dict() if self.surgeon else {},
+                "adaptive_warmup": self.warmup.state_dict(),
             },
         }
 
@@ -385,4 +417,8 @@ class Trainer:
             self.layer_monitor.load_state_dict(extra["layers"])
         if self.surgeon is not None and extra.get("surgery"):
             self.surgeon.load_state_dict(extra["surgery"])
+        if "adaptive_warmup" in extra:
+            self.warmup.load_state_dict(extra["adaptive_warmup"])
+        else:  # a checkpoint from before the mechanism existed: start the window afresh
+            self.warmup.reset()
         return int(state["step"])

@@ -132,6 +132,8 @@ class StepObserved(Reported):
     skipped: bool = OMIT
     docs: int = OMIT
     contaminated_docs: int = OMIT
+    grad_variance: float = OMIT
+    warmup_factor: float = OMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -135,6 +135,17 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 contaminated_docs=FieldSpec(
                     "int", "Of those, injected duplicates (tagged by the contamination fault)."
                 ),
+                grad_variance=FieldSpec(
+                    "float",
+                    "Reference trainer: half the variance of the log-ratios of successive "
+                    "gradient norms over the last good steps, which set this step's warmup "
+                    "factor (docs/stability.md, adaptive_warmup).",
+                ),
+                warmup_factor=FieldSpec(
+                    "float",
+                    "Reference trainer, during warmup: the multiplier "
+                    "1 / (1 + 10 * grad_variance) already applied to `lr`.",
+                ),
             ),
         ),
         "fault_injected": (

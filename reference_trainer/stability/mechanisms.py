@@ -13,6 +13,7 @@ from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
+from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
 from reference_trainer.stability.clipping import ClipConfig
 from reference_trainer.stability.layer_stats import LayerStatsConfig
 from reference_trainer.stability.layer_watch import StallConfig
@@ -58,6 +59,7 @@ class StabilityConfig:
     lr_floor: float = 0.1
     """The cosine decays to this fraction of the peak learning rate and the last 20% of the
     run trains there (0: it decays to zero and the tail trains nothing)."""
+    adaptive_warmup: AdaptiveWarmupConfig = field(default_factory=AdaptiveWarmupConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -76,6 +78,7 @@ class StabilityConfig:
             "layer_stats",
             "underflow",
             "surgery",
+            "adaptive_warmup",
         ):
             getattr(self, name).enabled = False
         elif name == "spikes":
