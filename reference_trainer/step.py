@@ -35,6 +35,7 @@ from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
 from reference_trainer.stability.surgery import GradientSurgeon
+from reference_trainer.step_claims import dedup_claims, scale_claims, switch_claims
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,45 +214,11 @@ class Trainer:
         change = scaler.update(overflow=not all_finite)
         if stalled and all_finite and change is None:  # gradients flushed to zero in fp16
             change = scaler.raise_scale(cfg.stability.underflow.max_scale)
-        if change is not None:
-            name = "loss_scale_" + change.action
-            details = {
-                "old": change.old,
-                "new": change.new,
-                "hysteresis_left": change.hysteresis_left,
-            }
-            claims.append(
-                Recovered(action=name, details=details)
-                if change.action in ("growth", "raised")
-                else Detected(detector=name, details=details)
-            )
+        claims += scale_claims(change)
         if self.monitor is not None:
-            for switch in self.monitor.end_step(step):
-                if switch.to == "fp32":
-                    claims.append(
-                        Detected(
-                            detector="activation_range",
-                            details={"layer": switch.layer, "max_abs": switch.max_abs},
-                        )
-                    )
-                claims.append(
-                    Recovered(
-                        action=f"precision_{switch.to}",
-                        details={"layer": switch.layer, "max_abs": switch.max_abs},
-                    )
-                )
+            claims += switch_claims(self.monitor.end_step(step))
         counters = self.documents.take_counters()
-        if counters.dropped:
-            claims.append(
-                Detected(
-                    detector="dedup",
-                    details={
-                        "dropped": sum(sum(r.values()) for r in counters.dropped.values()),
-                        "by_source": counters.dropped,
-                        "contaminated_dropped": counters.contaminated_dropped,
-                    },
-                )
-            )
+        claims += dedup_claims(counters)
         observed = StepObserved(
             loss=mean_loss,
             local_loss=float(local),
