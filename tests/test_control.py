@@ -151,9 +151,17 @@ def test_live_injection_into_a_running_two_rank_job(tmp_path: Path) -> None:
     (fired,) = events.of_kind("fault_injected")
     assert (fired.rank, fired.step) == (1, effective)
     assert {e.rank for e in events.of_kind("command")} == {0, 1}
-    for rank in (0, 1):  # took effect on both ranks at that step: both skipped it
-        assert events.steps(rank)[effective]["skipped"] is True
+    # It took effect on both ranks at that step (the NaN reaches rank 0 through the
+    # all-reduce): both repaired that block's gradient by surgery, rather than skipping.
+    for rank in (0, 1):
+        operated = [
+            e.step
+            for e in events.of_kind("recovered")
+            if e.rank == rank and e["action"] == "gradient_surgery"
+        ]
+        assert operated[:1] == [effective], (rank, operated)
         assert events.steps(rank)[effective - 1]["skipped"] is False
+    assert events.steps(1)[effective].get("grads_repaired") is True  # the agent saw it
 
 
 def test_a_replayed_or_stale_command_is_refused(tmp_path: Path) -> None:

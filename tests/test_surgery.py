@@ -73,14 +73,18 @@ def test_non_finite_rows_are_cut_and_the_rest_kept_finite() -> None:
 
 def test_safe_mode_lowers_lr_and_clip_until_the_layer_calms_down() -> None:
     param = layer()
-    surgeon = surgeon_with_history(param, dropout_steps=2, calm_steps=3)
+    surgeon = surgeon_with_history(param, dropout_steps=2, calm_steps=3, ramp_steps=2)
     param.grad = torch.full(param.shape, 1e3)
     surgeon.operate("blocks.0", median_norm=1.0, step=10)
     assert (surgeon.lr_factor, surgeon.clip_factor) == (0.5, 0.5)
     # Still wild: safe mode stays on, however long.
     assert [surgeon.end_step(s, 50.0, 1.0) for s in range(11, 20)] == [None] * 9
-    ended = [surgeon.end_step(s, 1.5, 1.0) for s in range(20, 23)]
-    assert ended == [None, None, 12] and surgeon.lr_factor == 1.0 and surgeon.safe_layer is None
+    factors = []
+    for s in range(20, 25):  # three calm steps, then the climb back over two
+        ended = surgeon.end_step(s, 1.5, 1.0)
+        factors.append(round(surgeon.lr_factor, 3))
+    assert factors == [0.5, 0.5, 0.667, 0.833, 1.0] and ended == 14
+    assert surgeon.safe_layer is None and surgeon.clip_factor == 1.0
 
 
 def test_a_step_whose_loss_already_rose_is_left_to_rollback() -> None:

@@ -43,8 +43,10 @@ class LayerStatsConfig:
     """Recent values per layer and signal whose median is the layer's own norm."""
     min_history: int = 10
     """Values needed before a layer's swing may be judged."""
-    swing_factor: float = 100.0
-    """A gradient norm this many times above (or below) the layer's median is a swing."""
+    swing_factor: float = 1000.0
+    """A gradient norm this many times above (or below) the layer's median is a swing
+    (three orders of magnitude: a tiny run's own batches move one block's gradient norm up
+    to about 130x its median now and then)."""
     diagnose_factor: float = 10.0
     """A signal this many times off the layer's median is evidence in a diagnosis."""
 

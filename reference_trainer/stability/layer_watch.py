@@ -3,9 +3,9 @@
 `LayerHistory` keeps, per layer and signal, the recent finite values of steps that went
 well; its median is the layer's norm. Two detectors read one step's `StepStats` against it:
 
-- **swing** (``layer_swing``): a layer's gradient norm ``swing_factor`` (100) times above
+- **swing** (``layer_swing``): a layer's gradient norm ``swing_factor`` (1000) times above
   or below its median. Upward, the step's update is skipped on every rank: one layer's
-  gradient two orders of magnitude above its norm is a corrupted gradient, and clipping
+  gradient three orders of magnitude above its norm is a corrupted gradient, and clipping
   would only shrink every other layer's share of the step to let it through. The same
   factor on a layer's weight norm (either way, or not finite: its weights changed outside
   the optimizer) and on its largest activation (upward) is journaled too; a weight swing

@@ -16,7 +16,8 @@ makes the same cut:
    norm when it is still above it.
 3. **Safe mode.** The learning rate is multiplied by ``safe_lr`` (0.5) and the clipping
    threshold by ``safe_clip`` (0.5) until the layer's gradient norm has stayed within
-   ``calm_factor`` (3x) of its median for ``calm_steps`` (10) steps in a row.
+   ``calm_factor`` (3x) of its median for ``calm_steps`` (10) steps in a row; then both
+   climb back linearly over ``ramp_steps`` (5) calm steps.
 
 When the loss of the step is already ``loss_rise`` (1.2x) above its recent median, the
 weights or the data are already bad and a repaired gradient would only carry on from them:
@@ -56,13 +57,16 @@ class SurgeryConfig:
     calm_factor: float = 3.0
     """A gradient norm within this factor of the layer's median is calm."""
     calm_steps: int = 10
-    """Calm steps in a row that end safe mode."""
+    """Calm steps in a row after which safe mode winds down."""
+    ramp_steps: int = 5
+    """Steps over which the learning rate and threshold climb back (a jump back to the
+    full rate blew one layer's gradient up 40x in a tiny run)."""
     loss_rise: float = 1.2
     """A loss this many times its recent median means the forward pass was not normal."""
 
     def __post_init__(self) -> None:
         p = "stability.surgery."
-        for name in ("window", "remember_every", "dropout_steps", "calm_steps"):
+        for name in ("window", "remember_every", "dropout_steps", "calm_steps", "ramp_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{p}{name} must be >= 1, got {getattr(self, name)}")
         for name in ("dropout_share", "safe_lr", "safe_clip"):
@@ -79,6 +83,7 @@ class _Safe:
     started: int
     dropout_left: int
     calm: int = 0
+    ramp: int = 0  # steps into the way back to the full rate
     rows: dict[int, list[int]] = field(default_factory=dict)  # param index -> frozen rows
 
 
@@ -223,13 +228,19 @@ class GradientSurgeon:
 
     @property
     def lr_factor(self) -> float:
-        """Learning-rate multiplier (safe mode lowers it)."""
-        return self.config.safe_lr if self.safe is not None else 1.0
+        """Learning-rate multiplier (safe mode lowers it, then climbs back)."""
+        return self._factor(self.config.safe_lr)
 
     @property
     def clip_factor(self) -> float:
-        """Clipping-threshold multiplier (safe mode tightens it)."""
-        return self.config.safe_clip if self.safe is not None else 1.0
+        """Clipping-threshold multiplier (safe mode tightens it, then eases back)."""
+        return self._factor(self.config.safe_clip)
+
+    def _factor(self, low: float) -> float:
+        if self.safe is None:
+            return 1.0
+        climbed = self.safe.ramp / (self.config.ramp_steps + 1)
+        return low + (1.0 - low) * climbed
 
     def end_step(self, step: int, norm: float | None, median: float | None) -> int | None:
         """Count down the dropout and the calm streak after a step; returns the steps safe
@@ -243,9 +254,14 @@ class GradientSurgeon:
         if norm is not None and median is not None:
             calm = median / factor <= norm <= median * factor
         safe.calm = safe.calm + 1 if calm else 0
-        if safe.dropout_left <= 0 and safe.calm >= self.config.calm_steps:
-            self.safe = None
-            return step - safe.started
+        if safe.dropout_left <= 0 and (safe.ramp or safe.calm >= self.config.calm_steps):
+            if not calm:  # restless again on the way back: start the calm count over
+                safe.ramp = 0
+            elif safe.ramp >= self.config.ramp_steps:
+                self.safe = None
+                return step - safe.started
+            else:
+                safe.ramp += 1
         return None
 
     @property
@@ -264,6 +280,7 @@ class GradientSurgeon:
                 "started": safe.started,
                 "dropout_left": safe.dropout_left,
                 "calm": safe.calm,
+                "ramp": safe.ramp,
                 "rows": [[i, r] for i, r in safe.rows.items()],
             }
         }
@@ -283,6 +300,7 @@ class GradientSurgeon:
             int(saved["started"]),
             int(saved["dropout_left"]),
             int(saved["calm"]),
+            int(saved.get("ramp", 0)),
             {int(i): [int(x) for x in r] for i, r in saved["rows"]},
         )
 
