@@ -48,12 +48,11 @@ from faults import (
     Injector,
     StepContext,
     build_injector,
-    parse_fault,
 )
-from harness.inside.hooks import Inert
+from harness.inside.hooks import GradientHook
+from harness.inside.live_inbox import LiveInbox
 from harness.inside.process_group import broadcast_text
 from harness.inside.step_evidence import grads_finite, params_finite
-from harness.live.control import Answer, ArmedBoard, ControlChannel, register_pid
 from harness.records.events import (
     Claim,
     FileLoaded,
@@ -64,10 +63,6 @@ from harness.records.events import (
 )
 from harness.records.journal import Event, JournalWriter, read_journal_file
 from harness.run_layout import RunLayout
-
-#: Seconds between two looks at the live-control inbox (rank 0): a command waits at most
-#: this long, and a fast loop does not pay a look at every step.
-INBOX_POLL_SECONDS = 0.1
 
 
 class Agent:
@@ -114,17 +109,10 @@ class Agent:
         #: (plan index, trigger step) of triggered faults waiting for a save
         self._waiting: list[tuple[int, int]] = []
         self._saved: list[str] = []  # files saved since the last step began
-        self._next_poll = 0.0  # monotonic time of the next look at the inbox
         self._updated: bool | None = False  # the step's update happened (None: unknown)
         self.pids: dict[int, int] = {rank: os.getpid()}
         self.remember_fired(earlier)
-        self.channel: ControlChannel | None = None
-        self.board: ArmedBoard | None = None
-        if control:
-            register_pid(self.run_dir, rank, os.getpid())
-            if rank == 0:
-                self.channel = ControlChannel(self.run_dir)
-            self.board = ArmedBoard(self.run_dir, restart)
+        self.inbox = LiveInbox(self.run_dir, rank, world_size, restart) if control else None
 
     # -- the step --------------------------------------------------------------------
 
@@ -164,8 +152,10 @@ class Agent:
             self._damage_saved()
         if self._timed:
             self._agree_timers(step)
-        if self.board is not None:
-            self._take_commands(step)
+        if self.inbox is not None:
+            for spec in self.inbox.take(step, self.journal):
+                self._injectors.append((spec, build_injector(spec)))
+                self._index[id(self._injectors[-1][1])] = len(self._injectors) - 1
         # A step replayed after a rollback or restart does not meet its fault again: a
         # fault happens at a step once (persistent faults span steps with `duration`).
         self._active = [
@@ -376,42 +366,6 @@ class Agent:
         for index in shared:
             self._timed_start[int(index)] = step
 
-    def _take_commands(self, step: int) -> None:
-        """Live commands: rank 0 reads the inbox and arms each accepted one for a step every
-        rank can still meet; every rank takes what rank 0 armed (see harness.live.control)."""
-        published = False
-        now = time.monotonic()
-        if self.channel is not None and now >= self._next_poll:
-            self._next_poll = now + INBOX_POLL_SECONDS
-            for received in self.channel.poll():
-                if received.fault is None:
-                    self.journal.emit(
-                        "command", step, id=received.id, accepted=False, reason=received.reason
-                    )
-                    self.channel.answer(
-                        Answer(received.id, step, accepted=False, reason=received.reason)
-                    )
-                    continue
-                # Another rank may already be one step further: arm no sooner than next step.
-                lead = 1 if self.world_size > 1 else 0
-                effective = step + max(received.in_steps, lead)
-                self.channel.publish(received.id, received.fault, effective, self.journal.restart)
-                published = True
-                self.channel.answer(
-                    Answer(received.id, step, accepted=True, effective_step=effective)
-                )
-        assert self.board is not None
-        if self.world_size == 1 and not published:
-            return  # alone, nothing is armed but what this process just published
-        for armed in self.board.take():
-            spec = parse_fault({**armed.fault, "at_step": armed.step})
-            self._injectors.append((spec, build_injector(spec)))
-            self._index[id(self._injectors[-1][1])] = len(self._injectors) - 1
-            self.journal.emit(
-                "command", step, id=armed.id, accepted=True, fault=spec.kind,
-                effective_step=armed.step,
-            )  # fmt: skip
-
     def remember_fired(self, events: Iterable[Any]) -> None:
         """Learn from earlier ``fault_injected`` events (of a previous attempt of this run)
         which faults already happened, so a restarted job does not meet them again."""
@@ -422,26 +376,6 @@ class Agent:
                 self._fired.add((int(index), event.step))
                 if (trigger := details.get("trigger_step")) is not None:
                     self._fired.add((int(index), int(trigger)))
-
-
-class GradientHook:
-    """A post-accumulate-grad hook that hands one parameter's gradient to a fault.
-
-    Copies of the model (``copy.deepcopy``, pickling) get no agent: the hook copies and
-    pickles as nothing that acts."""
-
-    def __init__(self, agent: Agent, injector: Injector[Any], name: str) -> None:
-        self.agent, self.injector, self.name = agent, injector, name
-
-    def __call__(self, param: torch.Tensor) -> None:
-        if param.grad is not None:
-            self.injector.on_gradient(self.agent.context(), self.name, param.grad)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
-        return Inert()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Inert, ())
 
 
 def _quietly_read(path: Path) -> list[Event]:

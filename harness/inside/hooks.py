@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from faults import Injector
+    from harness.inside.agent import Agent
     from harness.inside.attach import AttachedAgent
 
 
@@ -24,6 +26,26 @@ class Inert:
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+class GradientHook:
+    """A post-accumulate-grad hook that hands one parameter's gradient to a fault.
+
+    Copies of the model (``copy.deepcopy``, pickling) get no agent: the hook copies and
+    pickles as nothing that acts."""
+
+    def __init__(self, agent: Agent, injector: Injector[Any], name: str) -> None:
+        self.agent, self.injector, self.name = agent, injector, name
+
+    def __call__(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self.injector.on_gradient(self.agent.context(), self.name, param.grad)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
 
 
 # -- torch.Tensor.backward, wrapped while anything listens --------------------------------
