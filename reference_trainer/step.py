@@ -155,7 +155,7 @@ class Trainer:
             stalled=verdict is not None and verdict.stalled,
             repairable=bool(repairable),
         )
-        swung = verdict is not None and (verdict.skip or repair_on.swung)
+        swung = repair_on.swung  # on this rank or another
         claims: list[Claim] = []
         noisy = self.warmup.claim(step, lr)
         if noisy is not None:

@@ -110,6 +110,8 @@ class Agent:
         self._waiting: list[tuple[int, int]] = []
         self._saved: list[str] = []  # files saved since the last step began
         self._updated: bool | None = False  # the step's update happened (None: unknown)
+        self._broken_grads = False  # a fault left gradients non-finite after backward
+        self._repaired = False  # ... and they were finite when the optimizer stepped
         self.pids: dict[int, int] = {rank: os.getpid()}
         self.remember_fired(earlier)
         self.inbox = LiveInbox(self.run_dir, rank, world_size, restart) if control else None
@@ -145,8 +147,7 @@ class Agent:
         their forward hooks."""
         self.step = step
         self._injected_this_step = self._updated = False
-        self._broken_grads = False  # a fault left gradients non-finite after backward
-        self._repaired = False  # ... and they were finite when the optimizer stepped
+        self._broken_grads = self._repaired = False
         self._remove_grad_hooks()
         if self._saved:
             self._damage_saved()

@@ -83,26 +83,26 @@ class GradMark:
 
 def params_finite(model: nn.Module) -> bool:
     """True when every parameter of ``model`` is finite."""
-    params = [p.detach() for p in model.parameters() if p.numel()]
-    if not params:
+    return _tensors_finite([p.detach() for p in model.parameters() if p.numel()])
+
+
+def grads_finite(model: nn.Module) -> bool:
+    """True when every gradient of ``model`` is finite (no gradient counts as finite)."""
+    params = model.parameters()
+    return _tensors_finite([p.grad.detach() for p in params if p.grad is not None and p.numel()])
+
+
+def _tensors_finite(tensors: list[torch.Tensor]) -> bool:
+    if not tensors:
         return True
     with torch.no_grad():
         # Fast: a NaN or an infinity makes its tensor's norm non-finite (one fused read per
         # tensor, one sync). Only a non-finite norm needs the exact look, since finite
         # values past ~1e19 overflow a float32 norm too.
-        norms = torch._foreach_norm(params, 2.0)
+        norms = torch._foreach_norm(tensors, 2.0)
         if _all_finite(norms):
             return True
-        return all(bool(torch.isfinite(p).all()) for p in params)
-
-
-def grads_finite(model: nn.Module) -> bool:
-    """True when every gradient of ``model`` is finite (no gradient counts as finite)."""
-    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None and p.numel()]
-    if not grads:
-        return True
-    with torch.no_grad():
-        return all(bool(torch.isfinite(g).all()) for g in grads)
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _all_finite(values: Sequence[torch.Tensor]) -> bool:

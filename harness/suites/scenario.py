@@ -37,6 +37,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _known(value: list[str], names: dict[str, str], what: str) -> list[str]:
+    """``value`` when every name in it is one of ``names``."""
+    unknown = [m for m in value if m not in names]
+    if unknown:
+        raise ValueError(
+            f"unknown {what} {', '.join(unknown)}; expected some of {', '.join(names)}"
+        )
+    return value
+
+
 class TrainerSpec(_Model):
     """The trainer under test and how to run it."""
 
@@ -114,24 +124,12 @@ class TrainerSpec(_Model):
     @field_validator("disable")
     @classmethod
     def _known_mechanisms(cls, value: list[str]) -> list[str]:
-        unknown = [m for m in value if m not in MECHANISMS]
-        if unknown:
-            raise ValueError(
-                f"unknown mechanism(s) {', '.join(unknown)}; expected some of "
-                f"{', '.join(MECHANISMS)}"
-            )
-        return value
+        return _known(value, MECHANISMS, "mechanism(s)")
 
     @field_validator("enable")
     @classmethod
     def _known_opt_ins(cls, value: list[str]) -> list[str]:
-        unknown = [m for m in value if m not in OPT_IN]
-        if unknown:
-            raise ValueError(
-                f"unknown opt-in mechanism(s) {', '.join(unknown)}; expected some of "
-                f"{', '.join(OPT_IN)}"
-            )
-        return value
+        return _known(value, OPT_IN, "opt-in mechanism(s)")
 
     @model_validator(mode="after")
     def _command_or_reference(self) -> TrainerSpec:
