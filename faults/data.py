@@ -6,7 +6,10 @@ it decides, from the seed and the slot number alone, whether that slot is an inj
 documents: the first ``pool`` originals seen (from ``source`` only, when given) become the
 sources, and every copy is of one of them, picked at random. A copy is exact, or, with
 probability ``near_fraction``, a near duplicate with ``edits`` word edits (replace, insert
-or delete one word each; whitespace elsewhere is kept).
+or delete one word each; whitespace elsewhere is kept). With ``phrase`` set, every copy
+begins with that phrase and a space (a near duplicate is edited first, so the phrase is
+always there verbatim): the mark a collapse check looks for in what the model generates.
+Unset, copies are the documents' own text, as before.
 
 Originals come through unchanged, in order, with their own index. Copy number k (counting
 from 1) has index ``-k`` and says what it is in ``contamination_of`` (the original's index)
@@ -60,6 +63,13 @@ class DuplicateContaminationSpec(FaultSpec):
     )
     source: str | None = Field(
         default=None, min_length=1, description="Only copy documents from this source."
+    )
+    phrase: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=r"\S",
+        description="Begin every copy with this phrase (the mark max_phrase_collapse counts).",
     )
 
 
@@ -158,6 +168,8 @@ class ContaminatedStream:
         near = rng.random() < self.spec.near_fraction
         if near:
             text = near_duplicate(text, self.spec.edits, rng)
+        if self.spec.phrase is not None:
+            text = f"{self.spec.phrase} {text}"
         self._copies += 1
         kind = "near" if near else "exact"
         return StreamDocument(-self._copies, source, text, index, kind)

@@ -15,6 +15,8 @@ where a thing lives, so the layout below is written down once::
     RUN_DIR/plan.yaml                  the fault plan the runner handed the trainer
     RUN_DIR/trainer.log                the trainer's output, as the runner captured it
     RUN_DIR/baseline.json              a cached fault-free baseline run is complete
+    RUN_DIR/samples.json               generations of the run's final weights (its sampler)
+    RUN_DIR/baseline-samples.json      generations of its fault-free baseline's final weights
 """
 
 from __future__ import annotations
@@ -84,3 +86,11 @@ class RunLayout:
     @property
     def baseline_done(self) -> Path:
         return self.root / "baseline.json"
+
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples.json"
+
+    @property
+    def baseline_samples(self) -> Path:
+        return self.root / "baseline-samples.json"

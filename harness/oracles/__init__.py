@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.checkpoints import NoCorruptCheckpointLoadedOracle
+from harness.oracles.collapse import PhraseCollapseOracle
 from harness.oracles.data import ContaminationOracle
 from harness.oracles.detection import DetectedOracle, FalseAlarmsOracle
 from harness.oracles.health import (
@@ -35,6 +36,7 @@ __all__ = [
     "MttrOracle",
     "NoCorruptCheckpointLoadedOracle",
     "ParamsFiniteOracle",
+    "PhraseCollapseOracle",
     "build_oracles",
     "judge",
 ]
@@ -53,6 +55,7 @@ ORACLES: dict[str, type[ExpectOracle]] = {
         ContaminationOracle,
         FalseAlarmsOracle,
         LossScaleRecoveredOracle,
+        PhraseCollapseOracle,
     )
 }
 

@@ -69,6 +69,7 @@ class CheckpointSaved(Reported):
     type: str = OMIT
     seconds: float = OMIT
     stall_seconds: float = OMIT
+    manifest_sha256: str = OMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -209,6 +209,9 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 stall_seconds=FieldSpec(
                     "float", "Seconds the training loop waited for the save (copy to memory)."
                 ),
+                manifest_sha256=FieldSpec(
+                    "str", "SHA-256 of the checkpoint's manifest.json as saved (which weights)."
+                ),
             ),
         ),
         "checkpoint_loaded": (

@@ -42,6 +42,7 @@ from harness.running.launch import (
 )
 from harness.running.progress import SuiteProgress
 from harness.running.results import ScenarioResult, SuiteResult
+from harness.running.sampling import take_samples
 from harness.suites.scenario import Scenario, Suite, TrainerSpec
 
 
@@ -259,6 +260,10 @@ class Runner:
                 result.error += f"; no journal: {never} ({exc})"
                 return result
             result.error = _crash(launch, journal, spec.timeout) or _no_steps(journal)
+            if result.error is None:
+                kept = result.baseline_dir  # the cached baseline keeps its checkpoints
+                cached = self.options.cache_dir / kept if kept and baseline else None
+                take_samples(scenario, run_dir, cached, stop)
             evidence = Evidence(
                 journal=journal,
                 run_dir=run_dir,

@@ -113,6 +113,12 @@ class TrainerSpec(_Model):
         description="Seconds before the watchdog kills the run and scores it as an error.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
+    sample_command: str | None = Field(
+        default=None,
+        description="How a command trainer samples generations from its final weights "
+        "(max_phrase_collapse); the reference trainer has its own. Placeholders: {run_dir}, "
+        "{k}, {max_tokens}, {seed}, {out} (the JSON file to write), {python}.",
+    )
     cwd: str | None = Field(
         default=None,
         min_length=1,
@@ -143,6 +149,13 @@ class TrainerSpec(_Model):
             )
         if self.cwd is not None and self.command is None:
             raise ValueError("cwd applies to a command trainer; the reference trainer has none")
+        if self.sample_command is not None and (
+            self.command is None or not self.sample_command.strip()
+        ):
+            raise ValueError(
+                "sample_command must be a command line, given with a trainer command "
+                "(the reference trainer samples with its own)"
+            )
         if self.launcher == "docker":
             if self.command is not None:
                 raise ValueError("launcher docker runs the reference trainer, not a command")
@@ -175,7 +188,15 @@ class TrainerSpec(_Model):
         # How the run is launched (a stop and resume, containers) is not what it computes.
         return self.model_dump(
             mode="json",
-            exclude={"timeout", "resume_after", "launcher", "nodes", "min_nodes", "cwd"},
+            exclude={
+                "timeout",
+                "resume_after",
+                "launcher",
+                "nodes",
+                "min_nodes",
+                "cwd",
+                "sample_command",
+            },
         )
 
 
@@ -213,6 +234,21 @@ class LossScaleExpect(_Model):
     )
 
 
+class PhraseCollapseExpect(_Model):
+    """Generations of the final model hold the contamination's phrase hardly more often
+    than the fault-free baseline's."""
+
+    max_increase: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Largest allowed rise of the share of generations holding the phrase.",
+    )
+    k: int = Field(default=64, ge=1, le=4096, description="Generations drawn from each run.")
+    max_tokens: int = Field(default=48, ge=1, le=4096, description="Tokens per generation.")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed of the draws.")
+
+
 class Expect(_Model):
     """The checks of a scenario; each key is one oracle, omitted keys are not checked."""
 
@@ -228,6 +264,7 @@ class Expect(_Model):
     max_contamination_consumed: int | None = Field(default=None, ge=0)
     max_false_alarms: int | None = Field(default=None, ge=0)
     loss_scale_recovered: LossScaleExpect | bool | None = None
+    max_phrase_collapse: PhraseCollapseExpect | None = None
 
     def checks(self) -> list[str]:
         """Names of the checks asked for (a value of false or null asks for none)."""
@@ -238,7 +275,11 @@ class Expect(_Model):
         ``completed`` too (its last step is the one the fault-free run reaches)."""
         if command and self.completed:
             return True
-        return self.final_loss_within is not None or self.max_false_alarms is not None
+        return (
+            self.final_loss_within is not None
+            or self.max_false_alarms is not None
+            or self.max_phrase_collapse is not None
+        )
 
 
 class Scenario(_Model):

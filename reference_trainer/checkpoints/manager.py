@@ -25,8 +25,10 @@ from harness.run_layout import RunLayout
 from reference_trainer.checkpoints import files
 from reference_trainer.checkpoints.delta import DeltaBlob, DeltaError, decode_delta, encode_delta
 from reference_trainer.checkpoints.manifest import (
+    MANIFEST,
     check_identity,
     describe_tensors,
+    file_digest,
     read_manifest,
     verify_files,
     verify_tensors,
@@ -189,6 +191,8 @@ class CheckpointManager:
             type="full" if full else "delta",
             seconds=time.perf_counter() - t0,
             stall_seconds=stall,
+            # Names these weights for whoever later reads them back (the collapse check).
+            manifest_sha256=file_digest(final / MANIFEST),
         )
         self.claim(saved, step=step)
         self.prune()
