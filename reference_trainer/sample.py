@@ -2,13 +2,14 @@
 
 The harness asks for them to judge mode collapse (``max_phrase_collapse``): it never
 imports the trainer, so the trainer side provides this command. It loads the run's newest
-checkpoint that the trainer's own loader verifies (`CheckpointManager.load_valid`, the load
-a resume makes), draws ``--k`` continuations of `<|endoftext|>` (as many as the run's data layout puts
-between two documents) of ``--max-tokens`` tokens each (temperature 1.0, seeded, top-k optional), and writes them as
-JSON together with the checkpoint's step and the SHA-256 of its ``manifest.json``, so that
-whoever reads them can tell which weights spoke. A generation is the document drawn: the text
-after any leading `<|endoftext|>` up to the next one. Nothing of the run is changed: no journal event, no file
-but ``--out``. Bad input ends with one line on stderr and exit code 2.
+checkpoint that the trainer's own loader verifies (`CheckpointManager.load_valid`, the
+load a resume makes), draws ``--k`` continuations of ``--max-tokens`` tokens each from
+`<|endoftext|>` (where a new document starts, after the tail of a held-out document: see
+`held_out_prompts`), at temperature 1.0, seeded, top-k optional, and writes them as JSON
+with the checkpoint's step and the SHA-256 of its ``manifest.json``, so that whoever
+reads them can tell which weights spoke. A generation is the document drawn: the text
+after any leading `<|endoftext|>` up to the next one. Nothing of the run is changed (no
+journal event, no file but ``--out``). Bad input ends with one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +33,8 @@ FORMAT = 1
 #: Upper bounds that keep a mistyped flag from sampling for hours.
 MAX_K = 4096
 MAX_TOKENS = 4096
+#: Prompts come from corpus documents at this index or later: no run trains that far.
+HELD_OUT = 10**9
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,10 +118,8 @@ def sample_run(
     model.load_state_dict(state["model"])
     model.to(device).eval()
     eot: int = tokenizer.token_to_id(EOT) or 0  # (load_tokenizer checked it is id 0)
-    # The boundary the model saw before every document: the last one's closing tokens and
-    # the next one's opening ones (one lone token at position 0 is not a document start).
-    prompt = [eot] * max(1, cfg.data.eot_at_end + cfg.data.eot_at_start)
-    ids = _generate(model, prompt, k, max_tokens, seed, top_k, device)
+    prompts = held_out_prompts(cfg, tokenizer, k, seed)
+    ids = _generate(model, prompts, max_tokens, seed, top_k, device)
     texts = [tokenizer.decode(_until(row, eot)) for row in ids]
     return {
         "format": FORMAT,
@@ -142,21 +144,50 @@ def _until(row: list[int], eot: int) -> list[int]:
     return body[: body.index(eot)] if eot in body else body
 
 
+def held_out_prompts(cfg: Any, tokenizer: Any, k: int, seed: int) -> list[list[int]]:
+    """``k`` contexts of ``block_size - 1`` tokens, each ending where a new document starts.
+
+    A lone `<|endoftext|>` at position 0 is nothing the model ever saw (its windows are cut
+    anywhere in the stream), so each prompt is the stream as training laid it out: the
+    tail of held-out corpus documents (far past any the run reads, drawn from ``seed``),
+    their closing `<|endoftext|>` tokens and the next document's opening ones. The faulted
+    run and its baseline, of one configuration, get the very same prompts.
+    """
+    from reference_trainer.model_and_data.corpus import Corpus
+    from reference_trainer.model_and_data.data import TokenLayout
+
+    corpus = Corpus(cfg.data.source_weights, cfg.data.seed)
+    layout = TokenLayout.from_config(cfg.data, eot_id=0)
+    opening = [layout.eot_id] * layout.at_start
+    need = cfg.model.block_size - 1
+    draw = random.Random(f"held-out prompts:{seed}")
+    prompts = []
+    for _ in range(k):
+        index = draw.randrange(HELD_OUT, 2 * HELD_OUT)
+        stream = list(opening)
+        while len(stream) < need:
+            body = tokenizer.encode(corpus.document(index).text, add_special_tokens=False).ids
+            stream = layout.wrap(body) + stream
+            index += 1
+        prompts.append(stream[-need:])
+    return prompts
+
+
 def _generate(
     model: Any,
-    prompt: list[int],
-    k: int,
+    prompts: list[list[int]],
     max_tokens: int,
     seed: int,
     top_k: int | None,
     device: str,
 ) -> list[list[int]]:
-    """``k`` rows of ``max_tokens`` token ids drawn after ``prompt`` each."""
+    """``max_tokens`` token ids drawn after each of ``prompts`` (of one length)."""
     import torch
 
     generator = torch.Generator(device=device).manual_seed(seed)
     block = model.config.block_size
-    idx = torch.tensor([prompt] * k, dtype=torch.long, device=device)
+    idx = torch.tensor(prompts, dtype=torch.long, device=device)
+    start = idx.size(1)
     with torch.no_grad():
         for _ in range(max_tokens):
             logits = model(idx[:, -block:])[:, -1, :].float()  # (k, vocab), temperature 1.0
@@ -166,7 +197,7 @@ def _generate(
             probs = torch.softmax(logits, dim=-1)
             nxt = torch.multinomial(probs, 1, generator=generator)  # (k, 1)
             idx = torch.cat([idx, nxt], dim=1)
-    rows: list[list[int]] = idx[:, len(prompt) :].tolist()
+    rows: list[list[int]] = idx[:, start:].tolist()
     return rows
 
 

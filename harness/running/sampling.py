@@ -42,6 +42,7 @@ def sample_command(
             str(asked.seed),
             "--out",
             str(out),
+            *(["--top-k", str(asked.top_k)] if asked.top_k is not None else []),
         ]
     if spec.sample_command is None:
         return None
@@ -51,6 +52,7 @@ def sample_command(
         k=asked.k,
         max_tokens=asked.max_tokens,
         seed=asked.seed,
+        top_k=asked.top_k or 0,
         out=out.resolve(),
         python=sys.executable,
     )

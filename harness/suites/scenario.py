@@ -117,7 +117,8 @@ class TrainerSpec(_Model):
         default=None,
         description="How a command trainer samples generations from its final weights "
         "(max_phrase_collapse); the reference trainer has its own. Placeholders: {run_dir}, "
-        "{k}, {max_tokens}, {seed}, {out} (the JSON file to write), {python}.",
+        "{k}, {max_tokens}, {seed}, {top_k} (0: all tokens), {out} (the JSON file to write), "
+        "{python}.",
     )
     cwd: str | None = Field(
         default=None,
@@ -247,6 +248,9 @@ class PhraseCollapseExpect(_Model):
     k: int = Field(default=64, ge=1, le=4096, description="Generations drawn from each run.")
     max_tokens: int = Field(default=48, ge=1, le=4096, description="Tokens per generation.")
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed of the draws.")
+    top_k: int | None = Field(
+        default=None, ge=1, le=1 << 20, description="Draw from the k likeliest tokens only."
+    )
 
 
 class Expect(_Model):
