@@ -3,6 +3,7 @@ harness's command lines for it."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import pytest
 
 from harness.run_layout import RunLayout
 from harness.running.launch import LaunchError
-from harness.running.sampling import sample_command
-from harness.suites.scenario import PhraseCollapseExpect, TrainerSpec
+from harness.running.sampling import sample_command, take_samples
+from harness.suites.scenario import PhraseCollapseExpect, Scenario, TrainerSpec
 from reference_trainer.config import preset
 from reference_trainer.model_and_data.tokenizer import save_tokenizer, train_tokenizer
 from reference_trainer.sample import main
@@ -85,6 +86,10 @@ def test_the_reference_trainer_samples_with_its_own_command(tmp_path: Path) -> N
         "--seed": "5",
         "--out": str(tmp_path / "s.json"),
     }
+    topped = sample_command(
+        TrainerSpec(), tmp_path, tmp_path / "s.json", asked.model_copy(update={"top_k": 10})
+    )
+    assert topped is not None and topped[-2:] == ["--top-k", "10"]
 
 
 def test_a_command_trainer_samples_with_its_sample_command_or_not_at_all(tmp_path: Path) -> None:
@@ -112,3 +117,37 @@ def test_a_command_trainer_samples_with_its_sample_command_or_not_at_all(tmp_pat
 def test_a_sample_command_needs_a_trainer_command() -> None:
     with pytest.raises(ValueError, match="sample_command must be a command line"):
         TrainerSpec(sample_command="python gen.py")
+
+
+def test_take_samples_samples_the_run_and_its_baseline_into_the_run_dir(tmp_path: Path) -> None:
+    run_dir, base_dir = tmp_path / "run", tmp_path / "base"
+    run_dir.mkdir()
+    base_dir.mkdir()
+    gen = tmp_path / "gen.py"
+    gen.write_text(
+        "import json, sys\n"
+        "run, k, top_k, out = sys.argv[1:]\n"
+        "json.dump({'run': run, 'k': int(k), 'top_k': int(top_k)}, open(out, 'w'))\n"
+    )
+    layout = RunLayout(run_dir)
+    layout.baseline_samples.write_text("stale")
+    scenario = Scenario.model_validate(
+        {
+            "name": "s",
+            "trainer": {
+                "command": f"{sys.executable} {gen}",
+                "sample_command": f"{{python}} {gen} {{run_dir}} {{k}} {{top_k}} {{out}}",
+            },
+            "expect": {"max_phrase_collapse": {"k": 3, "top_k": 5}},
+        }
+    )
+    take_samples(scenario, run_dir, base_dir)
+    assert json.loads(layout.samples.read_text()) == {
+        "run": str(run_dir.resolve()),
+        "k": 3,
+        "top_k": 5,
+    }
+    assert json.loads(layout.baseline_samples.read_text())["run"] == str(base_dir.resolve())
+    # Without a baseline, nothing stale is left to pass for its generations.
+    take_samples(scenario, run_dir, None)
+    assert layout.samples.is_file() and not layout.baseline_samples.exists()

@@ -71,11 +71,12 @@ def take_samples(
     if asked is None:
         return
     spec, layout = scenario.trainer, RunLayout(run_dir)
+    for stale in (layout.samples, layout.baseline_samples):
+        stale.unlink(missing_ok=True)  # nothing old may pass for this run's generations
     jobs = [(run_dir, layout.samples)]
     if baseline_dir is not None:
         jobs.append((baseline_dir, layout.baseline_samples))
     for source, out in jobs:
-        out.unlink(missing_ok=True)  # nothing stale may pass for this run's generations
         argv = sample_command(spec, source, out, asked)
         if argv is None or (stop is not None and stop.is_set()):
             continue
