@@ -23,6 +23,7 @@ from reference_trainer.model_and_data.data import (
 )
 from reference_trainer.model_and_data.dedup import DuplicateFilter
 from reference_trainer.model_and_data.model import GPT, Block
+from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
 from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
 from reference_trainer.model_and_data.tokenizer import (
     load_tokenizer,
@@ -54,6 +55,14 @@ def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) 
     return load_tokenizer(run_dir, cfg.model.vocab_size)
 
 
+def document_stages(cfg: TrainConfig) -> list[DocumentStage]:
+    """The stages switched on, in the order a document meets them."""
+    stages: list[DocumentStage] = []
+    if cfg.stability.dedup.enabled:
+        stages.append(DedupStage(DuplicateFilter(cfg.stability.dedup)))
+    return stages
+
+
 def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trainer:
     """Every piece of a fresh run (seeded by ``cfg.seed``), wired to the agent."""
     corpus = Corpus(cfg.data.source_weights, cfg.data.seed)
@@ -62,12 +71,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
     def encode(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
-    dedup = cfg.stability.dedup
-    documents = DocumentPipeline(
-        corpus,
-        wrap=agent.document_wrapper(),
-        dedup=DuplicateFilter(dedup) if dedup.enabled else None,
-    )
+    documents = DocumentPipeline(corpus, wrap=agent.document_wrapper(), stages=document_stages(cfg))
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
     stream = TokenStream(documents, encode, layout, window=cfg.model.block_size + 1)
     loader = ShardedLoader(

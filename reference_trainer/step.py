@@ -35,7 +35,7 @@ from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
 from reference_trainer.stability.surgery import GradientSurgeon
-from reference_trainer.step_claims import dedup_claims, scale_claims, switch_claims
+from reference_trainer.step_claims import data_claims, scale_claims, switch_claims
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +218,7 @@ class Trainer:
         if self.monitor is not None:
             claims += switch_claims(self.monitor.end_step(step))
         counters = self.documents.take_counters()
-        claims += dedup_claims(counters)
+        claims += data_claims(counters)
         observed = StepObserved(
             loss=mean_loss,
             local_loss=float(local),
@@ -230,6 +230,7 @@ class Trainer:
             skipped=skip,
             docs=counters.docs,
             contaminated_docs=counters.contaminated_docs,
+            contaminated_kinds=counters.contaminated_kinds,
             grad_variance=OMIT if grad_variance is None else grad_variance,
             warmup_factor=factor,
         )

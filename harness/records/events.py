@@ -132,6 +132,7 @@ class StepObserved(Reported):
     skipped: bool = OMIT
     docs: int = OMIT
     contaminated_docs: int = OMIT
+    contaminated_kinds: dict[str, int] = OMIT
     grad_variance: float = OMIT
     warmup_factor: float = OMIT
 

@@ -133,7 +133,12 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 ),
                 docs=FieldSpec("int", "Documents that entered the training stream this step."),
                 contaminated_docs=FieldSpec(
-                    "int", "Of those, injected duplicates (tagged by the contamination fault)."
+                    "int", "Of those, injected documents (tagged by a contamination fault)."
+                ),
+                contaminated_kinds=FieldSpec(
+                    "object",
+                    "The injected documents trained on, by contamination kind (`exact`, "
+                    "`near`, `paraphrase`, ...): kind -> count.",
                 ),
                 grad_variance=FieldSpec(
                     "float",

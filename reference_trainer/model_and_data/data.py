@@ -1,4 +1,5 @@
-"""The training stream: documents -> (contamination fault) -> duplicate filter -> tokens
+"""The training stream: documents -> (contamination fault) -> the document stages
+(duplicate filter, semantic dedup, ...) -> tokens
 with the special-token layout -> fixed windows, handed out per rank per step. Its position
 (a few integers, the filter's index) is saved with every checkpoint."""
 
@@ -13,8 +14,8 @@ import torch
 
 from reference_trainer.config import DataConfig
 from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.dedup import DuplicateFilter
 from reference_trainer.model_and_data.nested import map_leaves
+from reference_trainer.model_and_data.stages import DocumentStage
 
 #: Documents tokenized together; larger batches tokenize faster, the buffer grows with it.
 _ENCODE_BATCH = 16
@@ -79,23 +80,52 @@ class DataCounters:
 
     docs: int = 0
     contaminated_docs: int = 0
-    dropped: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> reason -> n
-    contaminated_dropped: int = 0
+    #: Documents trained on, by contamination kind ("exact", "near", "paraphrase", ...).
+    contaminated_kinds: dict[str, int] = field(default_factory=dict)
+    #: stage -> source -> reason -> documents that stage dropped.
+    dropped: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    #: stage -> injected documents among those it dropped.
+    contaminated_dropped: dict[str, int] = field(default_factory=dict)
+
+    def count_drop(self, stage: str, doc: Any, reason: str) -> None:
+        """One document dropped by ``stage`` for ``reason``."""
+        by_reason = self.dropped.setdefault(stage, {}).setdefault(doc.source, {})
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+        if _contamination_kind(doc) is not None:
+            self.contaminated_dropped[stage] = self.contaminated_dropped.get(stage, 0) + 1
+
+    def count_kept(self, doc: Any) -> None:
+        """One document that goes into training."""
+        self.docs += 1
+        kind = _contamination_kind(doc)
+        if kind is not None:
+            self.contaminated_docs += 1
+            self.contaminated_kinds[kind] = self.contaminated_kinds.get(kind, 0) + 1
+
+
+def _contamination_kind(doc: Any) -> str | None:
+    """The contamination kind of an injected document, None for an original."""
+    if getattr(doc, "contamination_of", None) is None:
+        return None
+    return str(getattr(doc, "contamination_kind", None) or "unknown")
 
 
 class DocumentPipeline:
-    """Corpus -> (contamination fault) -> (duplicate filter): the documents to train on."""
+    """Corpus -> (contamination fault) -> each stage in turn: the documents to train on."""
 
     def __init__(
         self,
         corpus: Corpus,
         *,
         wrap: Callable[[Iterator[Any]], StatefulStream] | None = None,
-        dedup: DuplicateFilter | None = None,
+        stages: Sequence[DocumentStage] = (),
     ) -> None:
+        names = [stage.name for stage in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"document stages need distinct names, got {names}")
         self.corpus = corpus
         self.wrap = wrap
-        self.dedup = dedup
+        self.stages = list(stages)
         self._start(0)
         self.counters = DataCounters()
 
@@ -104,21 +134,23 @@ class DocumentPipeline:
         self.stream: Any = self.wrap(self.reader) if self.wrap else self.reader
 
     def next_documents(self, count: int) -> list[Any]:
-        """The next ``count`` documents that pass the filter."""
+        """The next ``count`` documents that every stage keeps."""
         out: list[Any] = []
         while len(out) < count:
-            doc = next(self.stream)
-            tainted = getattr(doc, "contamination_of", None) is not None
-            if self.dedup is not None:
-                verdict = self.dedup.check(doc.index, doc.text)
-                if not verdict.keep:
-                    by_reason = self.counters.dropped.setdefault(doc.source, {})
-                    by_reason[verdict.reason] = by_reason.get(verdict.reason, 0) + 1
-                    self.counters.contaminated_dropped += tainted
-                    continue
-            self.counters.docs += 1
-            self.counters.contaminated_docs += tainted
-            out.append(doc)
+            batch = [next(self.stream) for _ in range(count - len(out))]
+            for stage in self.stages:
+                if not batch:
+                    break
+                kept = []
+                for doc, verdict in zip(batch, stage.check_batch(batch), strict=True):
+                    if verdict.keep:
+                        kept.append(doc)
+                    else:
+                        self.counters.count_drop(stage.name, doc, verdict.reason)
+                batch = kept
+            for doc in batch:
+                self.counters.count_kept(doc)
+            out.extend(batch)
         return out
 
     def take_counters(self) -> DataCounters:
@@ -127,12 +159,11 @@ class DocumentPipeline:
         return counters
 
     def state_dict(self) -> dict[str, Any]:
-        """Corpus position plus the wrapper's and the filter's state."""
+        """Corpus position plus the wrapper's and every stage's state."""
         state: dict[str, Any] = {"position": self.reader.position}
         if self.wrap is not None:
             state["contamination"] = self.stream.state_dict()
-        if self.dedup is not None:
-            state["dedup"] = to_tensors(self.dedup.state_dict())
+        state["stages"] = {stage.name: to_tensors(stage.state_dict()) for stage in self.stages}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -140,8 +171,12 @@ class DocumentPipeline:
         self._start(int(state["position"]))
         if self.wrap is not None and "contamination" in state:
             self.stream.load_state_dict(state["contamination"])
-        if self.dedup is not None and "dedup" in state:
-            self.dedup.load_state_dict(to_numpy(state["dedup"]))
+        saved = dict(state.get("stages", {}))
+        if "dedup" in state:  # checkpoints written before stages had a common home
+            saved.setdefault("dedup", state["dedup"])
+        for stage in self.stages:
+            if stage.name in saved:
+                stage.load_state_dict(to_numpy(saved[stage.name]))
 
 
 def to_tensors(obj: Any) -> Any:
