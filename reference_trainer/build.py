@@ -23,8 +23,8 @@ from reference_trainer.model_and_data.data import (
 )
 from reference_trainer.model_and_data.dedup import DuplicateFilter
 from reference_trainer.model_and_data.model import GPT, Block
-from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
 from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
+from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
 from reference_trainer.model_and_data.tokenizer import (
     load_tokenizer,
     save_tokenizer,
