@@ -24,6 +24,7 @@ from reference_trainer.model_and_data.data import (
 from reference_trainer.model_and_data.dedup import DuplicateFilter
 from reference_trainer.model_and_data.model import GPT, Block
 from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
+from reference_trainer.model_and_data.semantic_dedup import SemanticDedupStage
 from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
 from reference_trainer.model_and_data.tokenizer import (
     load_tokenizer,
@@ -60,6 +61,8 @@ def document_stages(cfg: TrainConfig) -> list[DocumentStage]:
     stages: list[DocumentStage] = []
     if cfg.stability.dedup.enabled:
         stages.append(DedupStage(DuplicateFilter(cfg.stability.dedup)))
+    if cfg.stability.semantic_dedup.enabled:
+        stages.append(SemanticDedupStage(cfg.stability.semantic_dedup))
     return stages
 
 
