@@ -13,12 +13,13 @@ Method (docs/data.md has the measured figures). Embedding every document would c
    fewer words. The comparison is a vectorized scan of the source's signatures.
 2. Verification. A candidate and its best-matching kept documents (at most
    ``max_partners``) are embedded with all-MiniLM-L6-v2 (`embeddings.SentenceEmbedder`,
-   loaded on the first candidate: a run without one never loads it), one text at a time so
-   that a vector is a pure function of its text, on the first ``prefix_chars`` characters
-   (the model reads 128 word pieces, fewer than that). The candidate is dropped as
-   "paraphrase" when its cosine similarity to one of them is >= the threshold of its source
-   (``thresholds``, else ``default_threshold``): 0.85 for technical documents, 0.7 for
-   social chatter, as the design gives them.
+   loaded on the first candidate: a run without one never loads it), on the first
+   ``prefix_chars`` characters (the model reads 128 word pieces, fewer than that). A
+   look-ahead over the batch finds every text its decisions may need and embeds them in
+   one call (1.4-2.8x faster than one at a time here; the vectors differ by ~1e-7). The
+   candidate is dropped as "paraphrase" when its cosine similarity to one of them is >= the
+   threshold of its source (``thresholds``, else ``default_threshold``): 0.85 for technical
+   documents, 0.7 for social chatter, as the design gives them.
 
 Kept documents are indexed (FIFO, at most ``max_docs``), with their text prefix, so a kept
 document's vector is computed only when it first becomes a partner, and kept after that.
@@ -115,6 +116,7 @@ class SemanticDedupStage:
         self._a = rng.integers(1, _P, size=config.num_perm, dtype=np.uint64)
         self._b = rng.integers(0, _P, size=config.num_perm, dtype=np.uint64)
         self._reset()
+        self._prefetched: dict[str, npt.NDArray[np.float32]] = {}
         self.candidates = 0  # documents that were compared by meaning
 
     def _reset(self) -> None:
@@ -154,8 +156,32 @@ class SemanticDedupStage:
         return order[: self.config.max_partners]
 
     def _vector(self, text: str) -> npt.NDArray[np.float32]:
-        vector: npt.NDArray[np.float32] = self.embedder.encode([text])[0]
+        vector = self._prefetched.get(text)
+        if vector is None:  # a partner the look-ahead did not foresee (rare)
+            vector = self._prefetched[text] = self.embedder.encode([text])[0]
         return vector
+
+    def _prefetch(self, documents: Sequence[Any], texts: list[str], sigs: list[Any]) -> None:
+        """Embed in one batch every text this batch's decisions may need: each document
+        with a partner (in the index, or earlier in the batch) and its partners' texts."""
+        needed: dict[str, None] = {}
+        for i, (doc, text, sig) in enumerate(zip(documents, texts, sigs, strict=True)):
+            slots = self._partners(sig, doc.source)
+            earlier = [
+                j
+                for j in range(i)
+                if documents[j].source == doc.source
+                and np.count_nonzero(sigs[j] == sig) / self.config.num_perm
+                >= self.config.candidate_jaccard
+            ]
+            if not slots and not earlier:
+                continue
+            needed[text] = None
+            needed.update((self._texts[s], None) for s in slots if self._vectors[s] is None)
+            needed.update((texts[j], None) for j in earlier)
+        if needed:
+            order = list(needed)
+            self._prefetched = dict(zip(order, self.embedder.encode(order), strict=True))
 
     def _add(self, doc: Any, sig: npt.NDArray[np.uint32], text: str, vec: Any) -> None:
         if len(self._ids) >= self.config.max_docs:  # FIFO: the oldest kept entry goes
@@ -172,10 +198,11 @@ class SemanticDedupStage:
         """Drop a document when it means what a kept one of its source means; index the rest."""
         if not self.config.enabled:
             return [KEPT] * len(documents)
+        texts = [doc.text[: self.config.prefix_chars] for doc in documents]
+        sigs = [self._signature(text) for text in texts]
+        self._prefetch(documents, texts, sigs)
         out = []
-        for doc in documents:
-            text = doc.text[: self.config.prefix_chars]
-            sig = self._signature(text)
+        for doc, text, sig in zip(documents, texts, sigs, strict=True):
             partners = self._partners(sig, doc.source)
             vec = None
             if partners:
@@ -193,6 +220,7 @@ class SemanticDedupStage:
                     continue
             self._add(doc, sig, text, vec)
             out.append(KEPT)
+        self._prefetched = {}
         return out
 
     def state_dict(self) -> dict[str, Any]:
