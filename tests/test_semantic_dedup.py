@@ -13,6 +13,7 @@ import pytest
 from faults import parse_fault
 from faults.errors import FaultSpecError
 from faults.paraphrase import ParaphraseContaminationInjector, paraphrase
+from harness.records.journal import Journal
 from reference_trainer.model_and_data import embeddings
 from reference_trainer.model_and_data.corpus import Corpus, generate_text
 from reference_trainer.model_and_data.dedup import DuplicateFilter
@@ -204,3 +205,22 @@ def test_paraphrases_reach_the_model_only_without_semantic_dedup(
         assert sum(c["details"]["contaminated_dropped"] for c in drops) >= 2
     else:
         assert consumed >= 2 and not drops
+
+
+@needs_model
+@pytest.mark.slow
+def test_a_run_resumed_with_paraphrases_in_its_stream_is_bit_exact(tmp_path: Path) -> None:
+    faults = [{"kind": "paraphrase_contamination", "at_step": 1, "rate": 0.05, "pool": 8}]
+    cfg = config(steps=24, batch_size=16, checkpoint_every=12)
+    _, straight = run(tmp_path / "straight", cfg, faults)
+    run(tmp_path / "split", cfg, faults, stop_after=12)
+    _, split = run(tmp_path / "split", cfg, faults, resume=True)
+    assert straight.losses() == split.losses() and len(split.losses()) == 24
+
+    def drops(journal: Journal) -> list[tuple[int, int]]:
+        return [
+            (e.step, e["details"]["dropped"]) for e in claims(journal, "detected", "semantic_dedup")
+        ]
+
+    # The resumed stage dropped the same paraphrases at the same steps, some after the resume.
+    assert drops(straight) == drops(split) and any(step > 12 for step, _ in drops(split))
