@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from reference_trainer.model_and_data.minhash_rensa import RensaSigner
+
 U64 = npt.NDArray[np.uint64]
 U32 = npt.NDArray[np.uint32]
 I64 = npt.NDArray[np.int64]
@@ -52,6 +54,8 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 _M = np.uint64(0x9E3779B97F4A7C15)  # odd, so invertible mod 2**64
 _M_INV = np.uint64(pow(int(_M), -1, 2**64))
 _CHUNK = 2048  # shingles per hashing pass: the (num_perm, chunk) block stays in cache
+BACKENDS = ("rensa", "numpy")
+_STATE_VERSION = 2  # 2 added the backend; a version-1 state is a numpy-backend state
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,6 +70,9 @@ class DedupConfig:
     seed: int = 0
     threshold: float = 0.8  # estimated Jaccard at/above which a candidate is a near duplicate
     max_docs: int = 200_000  # index capacity; the oldest kept entries are evicted FIFO
+    # Who computes the signatures: "rensa" (Rust, the fast default) or "numpy" (the
+    # reference). Their signatures differ, so a state saved by one never loads into the other.
+    backend: str = "rensa"
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -79,6 +86,11 @@ class DedupConfig:
             raise ValueError(
                 "dedup.bands * dedup.rows must equal dedup.num_perm "
                 f"({self.bands} * {self.rows} != {self.num_perm})"
+            )
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"dedup.backend must be one of {', '.join(map(repr, BACKENDS))} "
+                f"(got {self.backend!r})"
             )
         t = self.threshold
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 < t <= 1.0:
@@ -107,6 +119,17 @@ def _mix64(z: U64) -> U64:
     return z ^ (z >> np.uint64(31))
 
 
+def _powers(size: int) -> tuple[U64, U64]:
+    """M**i and M**-i mod 2**64 for i < size."""
+    powers = np.full(size, _M, dtype=np.uint64)
+    powers[0] = 1
+    np.cumprod(powers, out=powers)
+    inverse = np.full(size, _M_INV, dtype=np.uint64)
+    inverse[0] = 1
+    np.cumprod(inverse, out=inverse)
+    return powers, inverse
+
+
 def _fold(columns: Sequence[U64]) -> U64:
     """FNV-1a over 64-bit symbols (one array per position), then mixed."""
     h = np.full(columns[0].shape, _FNV_BASIS, dtype=np.uint64)
@@ -123,6 +146,10 @@ class DuplicateFilter:
         rng = np.random.default_rng(config.seed)
         self._a: U64 = rng.integers(1, _P, size=config.num_perm, dtype=np.uint64)
         self._b: U64 = rng.integers(0, _P, size=config.num_perm, dtype=np.uint64)
+        self._rk = _powers(1)  # Rabin-Karp powers, see _shingle_hashes
+        self._signer: RensaSigner | None = None
+        if config.backend == "rensa":
+            self._signer = RensaSigner(config.num_perm, config.seed)
         self._reset()
 
     def _reset(self, size: int = 0) -> None:
@@ -133,11 +160,13 @@ class DuplicateFilter:
         self._count = 0
         self._oldest = 0  # slot of the oldest entry once the index is full
         self._exact: dict[bytes, int] = {}
-        # Per band: bucket key -> slot, or a list of slots when several kept docs share the
-        # key (rare: kept docs are mostly dissimilar). A plain int per bucket keeps the dicts
-        # free of container objects, which at 200k docs x 32 bands would cost ~2x the
-        # memory and make the garbage collector rescan millions of lists.
-        self._buckets: list[dict[int, int | list[int]]] = [{} for _ in range(self.config.bands)]
+        # One dict for all bands (each band's keys are salted with its number): bucket key ->
+        # slot, or a list of slots when several kept docs share the key (rare: kept docs are
+        # mostly dissimilar). One dict lets a lookup of all 32 keys be one set operation in C;
+        # a plain int per bucket keeps it free of container objects, which at 200k docs x 32
+        # bands would cost ~2x the memory and make the garbage collector rescan millions of
+        # lists.
+        self._buckets: dict[int, int | list[int]] = {}
         self._stats = dict.fromkeys(("seen", "kept", "dropped_exact", "dropped_near", "evicted"), 0)
 
     # ------------------------------------------------------------------ hashing
@@ -151,15 +180,12 @@ class DuplicateFilter:
         word_start = np.concatenate(([0], ends[:-1] + 1))
         # Rabin-Karp over bytes mod 2**64 with prefix sums: the hash of the byte span
         # [lo, hi) is (S[hi] - S[lo]) * M**-lo, the same wherever the span sits.
-        powers = np.full(len(data), _M, dtype=np.uint64)
-        powers[0] = 1
-        np.cumprod(powers, out=powers)
-        inverse = np.full(len(data), _M_INV, dtype=np.uint64)
-        inverse[0] = 1
-        np.cumprod(inverse, out=inverse)
+        if len(self._rk[0]) < len(data):  # kept between batches, grown by doubling
+            self._rk = _powers(max(len(data), 2 * len(self._rk[0]), 1 << 16))
+        powers, inverse = self._rk
         prefix = np.zeros(len(data) + 1, dtype=np.uint64)
         # +1 so that a NUL byte still changes the hash.
-        np.cumsum((data.astype(np.uint64) + np.uint64(1)) * powers, out=prefix[1:])
+        np.cumsum((data.astype(np.uint64) + np.uint64(1)) * powers[: len(data)], out=prefix[1:])
         # Shingle j of a doc spans its words j .. j+k-1; a doc shorter than k is one shingle.
         firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         doc_word = np.concatenate(([0], np.cumsum(n_words)[:-1]))
@@ -172,8 +198,14 @@ class DuplicateFilter:
     def _signatures(self, norms: Sequence[bytes], n_words: I64) -> U32:
         """MinHash signatures, one row per document, computed for the whole batch at once."""
         shingles, counts = self._shingle_hashes(norms, n_words)
+        if self._signer is not None:
+            return self._signer.signatures(shingles, counts)
+        return self._numpy_signatures(shingles, counts)
+
+    def _numpy_signatures(self, shingles: U64, counts: I64) -> U32:
+        """The reference backend: universal hashing mod p in numpy uint64."""
         x = shingles % np.uint64(_P)
-        num = len(norms)
+        num = len(counts)
         first = np.concatenate(([0], np.cumsum(counts)[:-1]))
         # Empty documents keep the sentinel p, which no real hash value (< p) can equal.
         sigs = np.full((num, self.config.num_perm), _P, dtype=np.uint32)
@@ -203,50 +235,80 @@ class DuplicateFilter:
         """One uint64 bucket key per (document, band); collisions are harmless (verified)."""
         c = self.config
         cube = sigs.reshape(len(sigs), c.bands, c.rows).astype(np.uint64)
-        return _fold([cube[:, :, j] for j in range(c.rows)])
+        # The band number is the first symbol, so equal rows in two bands give two keys.
+        band = np.broadcast_to(np.arange(c.bands, dtype=np.uint64), cube.shape[:2])
+        return _fold([band, *(cube[:, :, j] for j in range(c.rows))])
 
     # ------------------------------------------------------------------ index
     def _position(self, slot: int) -> int:
         """Age rank of a slot (0 = oldest), independent of how slots were assigned."""
         return (slot - self._oldest) % max(self._count, 1)
 
-    def _insert(self, doc_id: int, digest: bytes, sig: U32, keys: list[int]) -> None:
+    def _take_slots(self, want: int) -> tuple[int, int]:
+        """Up to ``want`` consecutive slots for new entries, as that many single inserts
+        would take them: free ones while the index grows, then the oldest (evicted)."""
         cap = self.config.max_docs
         if self._count < cap:
-            slot = self._count
-            if slot == len(self._ids):
-                grow = min(2 * slot, cap)
+            start = self._count
+            got = min(want, cap - start)
+            if start + got > len(self._ids):
+                grow = min(max(2 * len(self._ids), start + got), cap)
                 sigs = np.empty((grow, self.config.num_perm), dtype=np.uint32)
                 ids = np.empty(grow, dtype=np.int64)
-                sigs[:slot], ids[:slot] = self._sigs, self._ids
+                sigs[:start], ids[:start] = self._sigs[:start], self._ids[:start]
                 self._sigs, self._ids = sigs, ids
-                self._digests.extend([b""] * (grow - slot))
-            self._count += 1
-        else:
-            slot = self._oldest
+                self._digests.extend([b""] * (grow - len(self._digests)))
+            self._count += got
+            return start, got
+        start = self._oldest
+        got = min(want, cap - start)
+        for slot in range(start, start + got):
             self._evict(slot)
-            self._oldest = (slot + 1) % cap
+        self._oldest = (start + got) % cap
+        return start, got
+
+    def _insert_run(self, ids: I64, digests: list[bytes], sigs: U32, keys: U64) -> None:
+        """Adds documents known to share no key or digest with the index or each other."""
+        done, total = 0, len(ids)
+        while done < total:
+            start, got = self._take_slots(total - done)
+            part, slots = slice(done, done + got), slice(start, start + got)
+            self._sigs[slots], self._ids[slots] = sigs[part], ids[part]
+            self._digests[slots] = digests[part]
+            self._exact.update(zip(digests[part], range(start, start + got), strict=True))
+            owners = np.repeat(np.arange(start, start + got), keys.shape[1]).tolist()
+            self._buckets.update(zip(keys[part].ravel().tolist(), owners, strict=True))
+            done += got
+        self._stats["kept"] += total
+
+    def _insert(self, doc_id: int, digest: bytes, sig: U32, keys: list[int]) -> None:
+        slot, _ = self._take_slots(1)
         self._sigs[slot], self._ids[slot], self._digests[slot] = sig, doc_id, digest
         self._exact[digest] = slot
-        for band, key in zip(self._buckets, keys, strict=True):
-            held = band.setdefault(key, slot)
+        buckets = self._buckets
+        # Keys other kept docs hold already (looked up after the eviction above, which may
+        # have freed some): they become lists; all the others are set in one C call.
+        shared = {key: buckets[key] for key in buckets.keys() & keys}
+        buckets.update(dict.fromkeys(keys, slot))
+        for key, held in shared.items():
             if isinstance(held, list):
                 held.append(slot)
-            elif held != slot:
-                band[key] = [held, slot]
+                buckets[key] = held
+            else:
+                buckets[key] = [held, slot]
 
     def _evict(self, slot: int) -> None:
         if self._exact.get(self._digests[slot]) == slot:
             del self._exact[self._digests[slot]]
-        keys = self._band_keys(self._sigs[slot : slot + 1])[0].tolist()
-        for band, key in zip(self._buckets, keys, strict=True):
-            held = band[key]
+        buckets = self._buckets
+        for key in set(self._band_keys(self._sigs[slot : slot + 1])[0].tolist()):
+            held = buckets[key]
             if isinstance(held, int):
-                del band[key]
+                del buckets[key]
                 continue
             held.remove(slot)
             if len(held) == 1:
-                band[key] = held[0]
+                buckets[key] = held[0]
         self._stats["evicted"] += 1
 
     def _decide(self, doc_id: int, digest: bytes, sig: U32, keys: list[int]) -> DedupVerdict:
@@ -254,12 +316,13 @@ class DuplicateFilter:
         if hit is not None:
             self._stats["dropped_exact"] += 1
             return DedupVerdict(False, "exact", int(self._ids[hit]), 1.0)
+        buckets = self._buckets
         cands: set[int] = set()
-        for band, key in zip(self._buckets, keys, strict=True):
-            held = band.get(key)
+        for key in buckets.keys() & keys:  # one C set operation; mostly empty
+            held = buckets[key]
             if isinstance(held, int):
                 cands.add(held)
-            elif held is not None:
+            else:
                 cands.update(held)
         if cands:
             # Oldest first, so argmax breaks ties toward the oldest entry whatever the slot
@@ -288,17 +351,48 @@ class DuplicateFilter:
             return [_UNIQUE] * len(items)
         if not items:
             return []
-        # Normalization: lowercase, split on any whitespace, rejoin with single spaces.
-        word_lists = [text.lower().split() for _, text in items]
-        norms = [" ".join(words).encode("utf-8", "surrogatepass") for words in word_lists]
-        n_words = np.fromiter(map(len, word_lists), dtype=np.int64, count=len(items))
+        # Normalization: lowercase, split on any whitespace, rejoin with single spaces (so a
+        # space byte is left only between words, which counts them).
+        norms = [" ".join(t.lower().split()).encode("utf-8", "surrogatepass") for _, t in items]
+        n = len(norms)
+        n_words = np.fromiter((m.count(b" ") + 1 if m else 0 for m in norms), np.int64, n)
+        ids = np.fromiter((int(doc_id) for doc_id, _ in items), np.int64, n)
+        digests = [hashlib.blake2b(m, digest_size=16).digest() for m in norms]
         sigs = self._signatures(norms, n_words)
-        keys = self._band_keys(sigs).tolist()
-        out = []
-        for (doc_id, _), norm, sig, key in zip(items, norms, sigs, keys, strict=True):
-            digest = hashlib.blake2b(norm, digest_size=16).digest()
-            out.append(self._decide(int(doc_id), digest, sig, key))
+        keys = self._band_keys(sigs)
+        out: list[DedupVerdict] = []
+        start = 0
+        # Documents that may meet a candidate or an exact twin are decided one at a time; the
+        # runs between them have none (so each would be kept) and go into the index in bulk.
+        for i in [*np.flatnonzero(self._maybe_duplicate(digests, keys)).tolist(), n]:
+            if i > start:
+                self._insert_run(ids[start:i], digests[start:i], sigs[start:i], keys[start:i])
+                out += [_UNIQUE] * (i - start)
+            if i < n:
+                out.append(self._decide(int(ids[i]), digests[i], sigs[i], keys[i].tolist()))
+            start = i + 1
         return out
+
+    def _maybe_duplicate(self, digests: list[bytes], keys: U64) -> npt.NDArray[np.bool_]:
+        """Per document of a batch: could it have a candidate or an exact twin when its turn
+        comes? False only if none of its keys or its digest is in the index or elsewhere in
+        the batch; evictions on the way only remove entries, so False is then certain."""
+        if len(digests) < 2:  # one document: nothing to gain, decide it
+            return np.ones(len(digests), dtype=np.bool_)
+        flat = keys.ravel()
+        ordered = np.sort(flat)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        maybe: npt.NDArray[np.bool_] = np.asarray(np.isin(keys, repeated).any(axis=1))
+        if self._count:
+            held = self._buckets.keys() & flat.tolist()
+            if held:
+                maybe |= np.isin(keys, np.fromiter(held, np.uint64, len(held))).any(axis=1)
+        exact, seen = self._exact, set()
+        for i, digest in enumerate(digests):
+            if digest in exact or digest in seen:
+                maybe[i] = True
+            seen.add(digest)
+        return maybe
 
     def stats(self) -> dict[str, int]:
         """Counters: seen, kept, dropped_exact, dropped_near, evicted, and indexed (size now)."""
@@ -308,11 +402,17 @@ class DuplicateFilter:
         """Everything needed to continue identically: numpy arrays and plain Python values."""
         order = (self._oldest + np.arange(self._count)) % max(self._count, 1)
         digests = b"".join(self._digests[i] for i in order.tolist())
+        # numpy: the permutations themselves; rensa: what identifies the ones it derives.
+        permutations = (
+            {"perm_a": self._a.copy(), "perm_b": self._b.copy()}
+            if self._signer is None
+            else self._signer.state()
+        )
         return {
-            "version": 1,
+            "version": _STATE_VERSION,
+            "backend": self.config.backend,
             "config": asdict(self.config),
-            "perm_a": self._a.copy(),
-            "perm_b": self._b.copy(),
+            **permutations,
             "signatures": self._sigs[order].copy(),  # oldest first, uint32
             "doc_ids": self._ids[order].copy(),
             "digests": np.frombuffer(digests, dtype=np.uint8).reshape(-1, 16).copy(),
@@ -320,19 +420,37 @@ class DuplicateFilter:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from ``state_dict()``; the signature-shaping settings must match."""
-        if state.get("version") != 1:
-            raise ValueError(f"unsupported dedup state version {state.get('version')!r}")
+        """Restore from ``state_dict()``; the backend and the signature-shaping settings must
+        match."""
+        version = state.get("version")
+        if version not in (1, _STATE_VERSION):
+            raise ValueError(f"unsupported dedup state version {version!r}")
         saved, c = state["config"], self.config
+        saved_backend = state["backend"] if version == _STATE_VERSION else "numpy"
+        if saved_backend != c.backend:
+            why = (
+                "the state is a version-1 state, which holds numpy-backend signatures"
+                if version == 1
+                else f"the state was saved with dedup.backend {saved_backend!r}"
+            )
+            raise ValueError(
+                f"dedup.backend is {c.backend!r} but {why}; signatures of different backends "
+                f"are not comparable (set dedup.backend to {saved_backend!r} to resume from it)"
+            )
         for name in ("shingle_size", "num_perm", "bands", "rows"):
             if saved[name] != getattr(c, name):
                 raise ValueError(
                     f"dedup.{name} is {getattr(c, name)} but the state has "
                     f"{saved[name]}; signatures would not be comparable"
                 )
-        # The stored permutations win over the seed, so a numpy upgrade cannot change them.
-        self._a = np.asarray(state["perm_a"], dtype=np.uint64).copy()
-        self._b = np.asarray(state["perm_b"], dtype=np.uint64).copy()
+        if c.backend == "rensa":
+            # The saved seed wins, as saved permutations do below; the signer refuses a rensa
+            # whose permutations for that seed are not the ones the state was made with.
+            self._signer = RensaSigner.restore(c.num_perm, int(saved["seed"]), state)
+        else:
+            # The stored permutations win over the seed, so a numpy upgrade cannot change them.
+            self._a = np.asarray(state["perm_a"], dtype=np.uint64).copy()
+            self._b = np.asarray(state["perm_b"], dtype=np.uint64).copy()
         keep = slice(-c.max_docs, None)  # a smaller capacity keeps the newest entries
         sigs = np.asarray(state["signatures"], dtype=np.uint32)[keep]
         n = len(sigs)
@@ -341,12 +459,15 @@ class DuplicateFilter:
         self._ids[:n] = np.asarray(state["doc_ids"], dtype=np.int64)[keep]
         self._digests[:n] = [d.tobytes() for d in np.asarray(state["digests"], np.uint8)[keep]]
         self._exact = {d: i for i, d in enumerate(self._digests[:n])}
-        # Bulk-build each band's dict in C, then turn the rare shared keys into lists;
+        # Bulk-build the bucket dict in C, then turn the rare shared keys into lists;
         # one insert at a time would take ~20 s at 200k docs.
-        slots = list(range(n))
-        for band, col in zip(self._buckets, self._band_keys(sigs).T, strict=True):
-            band.update(zip(col.tolist(), slots, strict=True))
-            uniq, inverse, counts = np.unique(col, return_inverse=True, return_counts=True)
-            for shared in np.flatnonzero(counts > 1).tolist():
-                band[int(uniq[shared])] = np.flatnonzero(inverse == shared).tolist()
+        keys = self._band_keys(sigs).ravel()
+        owners = np.repeat(np.arange(n, dtype=np.int64), c.bands)
+        self._buckets.update(zip(keys.tolist(), owners.tolist(), strict=True))
+        order = np.argsort(keys, kind="stable")
+        runs = np.flatnonzero(np.diff(keys[order])) + 1  # where each run of equal keys starts
+        for run in np.split(order, runs):
+            if len(run) > 1:
+                held = np.unique(owners[run]).tolist()
+                self._buckets[int(keys[run[0]])] = held if len(held) > 1 else held[0]
         self._stats.update({k: int(v) for k, v in state["stats"].items()})
