@@ -35,6 +35,7 @@ With ``enabled=False`` every document is kept and nothing is hashed or indexed.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -119,15 +120,29 @@ def _mix64(z: U64) -> U64:
     return z ^ (z >> np.uint64(31))
 
 
-def _powers(size: int) -> tuple[U64, U64]:
-    """M**i and M**-i mod 2**64 for i < size."""
-    powers = np.full(size, _M, dtype=np.uint64)
-    powers[0] = 1
-    np.cumprod(powers, out=powers)
-    inverse = np.full(size, _M_INV, dtype=np.uint64)
-    inverse[0] = 1
-    np.cumprod(inverse, out=inverse)
-    return powers, inverse
+class _Powers:
+    """M**i, M**-i and sum(M**j for j < i) mod 2**64: constants, computed once per process
+    and grown by doubling (a new filter would otherwise pay for them on its first batch)."""
+
+    powers: U64 = np.ones(0, dtype=np.uint64)
+    inverse: U64 = np.ones(0, dtype=np.uint64)
+    sums: U64 = np.zeros(1, dtype=np.uint64)  # one longer: sums[i] sums the first i powers
+
+    @classmethod
+    def at_least(cls, n: int) -> type[_Powers]:
+        """The class itself, its arrays now at least ``n`` long."""
+        if len(cls.powers) < n:
+            size = max(n, 2 * len(cls.powers), 1 << 16)
+            powers = np.full(size, _M, dtype=np.uint64)
+            powers[0] = 1
+            np.cumprod(powers, out=powers)
+            inverse = np.full(size, _M_INV, dtype=np.uint64)
+            inverse[0] = 1
+            np.cumprod(inverse, out=inverse)
+            sums = np.zeros(size + 1, dtype=np.uint64)
+            np.cumsum(powers, out=sums[1:])
+            cls.powers, cls.inverse, cls.sums = powers, inverse, sums
+        return cls
 
 
 def _fold(columns: Sequence[U64]) -> U64:
@@ -146,7 +161,6 @@ class DuplicateFilter:
         rng = np.random.default_rng(config.seed)
         self._a: U64 = rng.integers(1, _P, size=config.num_perm, dtype=np.uint64)
         self._b: U64 = rng.integers(0, _P, size=config.num_perm, dtype=np.uint64)
-        self._rk = _powers(1)  # Rabin-Karp powers, see _shingle_hashes
         self._signer: RensaSigner | None = None
         if config.backend == "rensa":
             self._signer = RensaSigner(config.num_perm, config.seed)
@@ -180,12 +194,13 @@ class DuplicateFilter:
         word_start = np.concatenate(([0], ends[:-1] + 1))
         # Rabin-Karp over bytes mod 2**64 with prefix sums: the hash of the byte span
         # [lo, hi) is (S[hi] - S[lo]) * M**-lo, the same wherever the span sits.
-        if len(self._rk[0]) < len(data):  # kept between batches, grown by doubling
-            self._rk = _powers(max(len(data), 2 * len(self._rk[0]), 1 << 16))
-        powers, inverse = self._rk
+        rk = _Powers.at_least(len(data))
+        # S[i] = sum((byte_j + 1) * M**j for j < i), the +1 so that a NUL byte still changes
+        # the hash; kept as the byte part C here plus the cached sums of powers, added below
+        # only where a shingle starts or ends.
         prefix = np.zeros(len(data) + 1, dtype=np.uint64)
-        # +1 so that a NUL byte still changes the hash.
-        np.cumsum((data.astype(np.uint64) + np.uint64(1)) * powers[: len(data)], out=prefix[1:])
+        np.multiply(data, rk.powers[: len(data)], out=prefix[1:])
+        np.cumsum(prefix[1:], out=prefix[1:])
         # Shingle j of a doc spans its words j .. j+k-1; a doc shorter than k is one shingle.
         firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         doc_word = np.concatenate(([0], np.cumsum(n_words)[:-1]))
@@ -193,7 +208,8 @@ class DuplicateFilter:
         first_word += np.repeat(doc_word - firsts, counts)
         last_word = first_word + np.repeat(np.minimum(n_words, k) - 1, counts)
         lo, hi = word_start[first_word], ends[last_word]
-        return _mix64((prefix[hi] - prefix[lo]) * inverse[lo]), counts
+        span = (prefix[hi] - prefix[lo]) + (rk.sums[hi] - rk.sums[lo])
+        return _mix64(span * rk.inverse[lo]), counts
 
     def _signatures(self, norms: Sequence[bytes], n_words: I64) -> U32:
         """MinHash signatures, one row per document, computed for the whole batch at once."""
@@ -267,17 +283,21 @@ class DuplicateFilter:
         self._oldest = (start + got) % cap
         return start, got
 
-    def _insert_run(self, ids: I64, digests: list[bytes], sigs: U32, keys: U64) -> None:
-        """Adds documents known to share no key or digest with the index or each other."""
-        done, total = 0, len(ids)
+    def _insert_run(self, ids: I64, digests: list[bytes], sigs: U32, keys: list[int]) -> None:
+        """Adds documents known to share no key or digest with the index or each other
+        (``keys``: theirs, flat, ``bands`` per document)."""
+        done, total, bands = 0, len(ids), self.config.bands
         while done < total:
             start, got = self._take_slots(total - done)
             part, slots = slice(done, done + got), slice(start, start + got)
             self._sigs[slots], self._ids[slots] = sigs[part], ids[part]
             self._digests[slots] = digests[part]
             self._exact.update(zip(digests[part], range(start, start + got), strict=True))
-            owners = np.repeat(np.arange(start, start + got), keys.shape[1]).tolist()
-            self._buckets.update(zip(keys[part].ravel().tolist(), owners, strict=True))
+            owners = itertools.chain.from_iterable(
+                map(itertools.repeat, range(start, start + got), itertools.repeat(bands))
+            )
+            mine = keys[done * bands : (done + got) * bands]
+            self._buckets.update(zip(mine, owners, strict=True))
             done += got
         self._stats["kept"] += total
 
@@ -360,31 +380,34 @@ class DuplicateFilter:
         digests = [hashlib.blake2b(m, digest_size=16).digest() for m in norms]
         sigs = self._signatures(norms, n_words)
         keys = self._band_keys(sigs)
+        flat, b = keys.ravel().tolist(), self.config.bands
         out: list[DedupVerdict] = []
         start = 0
         # Documents that may meet a candidate or an exact twin are decided one at a time; the
         # runs between them have none (so each would be kept) and go into the index in bulk.
-        for i in [*np.flatnonzero(self._maybe_duplicate(digests, keys)).tolist(), n]:
+        for i in [*np.flatnonzero(self._maybe_duplicate(digests, keys, flat)).tolist(), n]:
             if i > start:
-                self._insert_run(ids[start:i], digests[start:i], sigs[start:i], keys[start:i])
+                part = slice(start, i)
+                self._insert_run(ids[part], digests[part], sigs[part], flat[start * b : i * b])
                 out += [_UNIQUE] * (i - start)
             if i < n:
-                out.append(self._decide(int(ids[i]), digests[i], sigs[i], keys[i].tolist()))
+                out.append(self._decide(int(ids[i]), digests[i], sigs[i], flat[i * b : i * b + b]))
             start = i + 1
         return out
 
-    def _maybe_duplicate(self, digests: list[bytes], keys: U64) -> npt.NDArray[np.bool_]:
+    def _maybe_duplicate(
+        self, digests: list[bytes], keys: U64, flat: list[int]
+    ) -> npt.NDArray[np.bool_]:
         """Per document of a batch: could it have a candidate or an exact twin when its turn
         comes? False only if none of its keys or its digest is in the index or elsewhere in
         the batch; evictions on the way only remove entries, so False is then certain."""
         if len(digests) < 2:  # one document: nothing to gain, decide it
             return np.ones(len(digests), dtype=np.bool_)
-        flat = keys.ravel()
-        ordered = np.sort(flat)
+        ordered = np.sort(keys.ravel())
         repeated = ordered[1:][ordered[1:] == ordered[:-1]]
         maybe: npt.NDArray[np.bool_] = np.asarray(np.isin(keys, repeated).any(axis=1))
         if self._count:
-            held = self._buckets.keys() & flat.tolist()
+            held = self._buckets.keys() & flat
             if held:
                 maybe |= np.isin(keys, np.fromiter(held, np.uint64, len(held))).any(axis=1)
         exact, seen = self._exact, set()
