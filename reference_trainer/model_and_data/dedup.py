@@ -385,7 +385,7 @@ class DuplicateFilter:
         start = 0
         # Documents that may meet a candidate or an exact twin are decided one at a time; the
         # runs between them have none (so each would be kept) and go into the index in bulk.
-        for i in [*np.flatnonzero(self._maybe_duplicate(digests, keys, flat)).tolist(), n]:
+        for i in [*np.flatnonzero(self._maybe_duplicate(keys, flat)).tolist(), n]:
             if i > start:
                 part = slice(start, i)
                 self._insert_run(ids[part], digests[part], sigs[part], flat[start * b : i * b])
@@ -395,26 +395,28 @@ class DuplicateFilter:
             start = i + 1
         return out
 
-    def _maybe_duplicate(
-        self, digests: list[bytes], keys: U64, flat: list[int]
-    ) -> npt.NDArray[np.bool_]:
+    def _maybe_duplicate(self, keys: U64, flat: list[int]) -> npt.NDArray[np.bool_]:
         """Per document of a batch: could it have a candidate or an exact twin when its turn
-        comes? False only if none of its keys or its digest is in the index or elsewhere in
-        the batch; evictions on the way only remove entries, so False is then certain."""
-        if len(digests) < 2:  # one document: nothing to gain, decide it
-            return np.ones(len(digests), dtype=np.bool_)
-        ordered = np.sort(keys.ravel())
+        comes? False only if none of its keys is in the index or earlier in the batch;
+        evictions on the way only remove entries, so False is then certain. An exact twin
+        has the same signature, so its keys are found too: digests need no look of their
+        own."""
+        if len(keys) < 2:  # one document: nothing to gain, decide it
+            return np.ones(len(keys), dtype=np.bool_)
+        every = keys.ravel()
+        ordered = np.sort(every)
         repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-        maybe: npt.NDArray[np.bool_] = np.asarray(np.isin(keys, repeated).any(axis=1))
+        maybe = np.zeros(len(keys), dtype=np.bool_)
+        if len(repeated):
+            # Of the keys that occur more than once, every occurrence but the first.
+            where = np.flatnonzero(np.isin(every, repeated))
+            firsts = np.unique(every[where], return_index=True)[1]
+            later = np.delete(where, firsts)
+            maybe[later // keys.shape[1]] = True
         if self._count:
             held = self._buckets.keys() & flat
             if held:
                 maybe |= np.isin(keys, np.fromiter(held, np.uint64, len(held))).any(axis=1)
-        exact, seen = self._exact, set()
-        for i, digest in enumerate(digests):
-            if digest in exact or digest in seen:
-                maybe[i] = True
-            seen.add(digest)
         return maybe
 
     def stats(self) -> dict[str, int]:

@@ -11,7 +11,9 @@ against the rensa installed now.
 
 from __future__ import annotations
 
+import array
 import importlib
+import itertools
 from typing import Any
 
 import numpy as np
@@ -55,10 +57,11 @@ class RensaSigner:
         matrix = self._rensa.RMinHash.digest_matrix_from_flat_token_hashes(
             np.ascontiguousarray(shingles, dtype=np.uint64), offsets, self.num_perm, self.seed
         )
-        rows = matrix.to_rows()  # list of lists: rensa 0.5 exposes no buffer of the matrix
-        if not rows:
-            return np.empty((0, self.num_perm), dtype=np.uint32)
-        return np.array(rows, dtype=np.uint32)
+        # rensa 0.5 exposes no buffer of the matrix, only lists: array("I") takes their
+        # ints in one C loop, a little faster than numpy's conversion of nested lists.
+        flat = array.array("I", itertools.chain.from_iterable(matrix.to_rows()))
+        sigs = np.frombuffer(flat, dtype=np.uint32) if flat.itemsize == 4 else np.array(flat)
+        return sigs.astype(np.uint32, copy=False).reshape(len(counts), self.num_perm)
 
     def fingerprint(self) -> U32:
         """The signature of fixed probe hashes: equal only if the permutations are equal."""
