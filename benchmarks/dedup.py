@@ -53,19 +53,17 @@ from reference_trainer.model_and_data.dedup import DedupConfig, DuplicateFilter
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.dedup_set import LabelledDoc, labelled_stream, score  # noqa: E402
+from benchmarks.dedup_set import (  # noqa: E402
+    LabelledDoc,
+    labelled_stream,
+    score,
+    shingles,
+    true_jaccard,
+)
 
 NUM_PERM, BANDS, SHINGLE, THRESHOLD = 128, 32, 3, 0.5
 BASELINE = "ours (numpy)"
 Contender = Callable[[Sequence[tuple[int, str]]], list[bool]]
-
-
-def shingles(text: str) -> list[str]:
-    """Word 3-grams of the lowercased words, as our filter forms them (short docs: one)."""
-    words = text.lower().split()
-    if len(words) < SHINGLE:
-        return [" ".join(words)] if words else []
-    return [" ".join(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)]
 
 
 def ours(backend: str, batched: bool = True) -> Contender:
@@ -122,17 +120,6 @@ def recall_by_edits(stream: Sequence[LabelledDoc], dropped: Sequence[bool]) -> d
         if doc.source is not None:
             out.setdefault(str(doc.edits), []).append(d)
     return {k: sum(v) / len(v) for k, v in sorted(out.items(), key=lambda kv: int(kv[0]))}
-
-
-def true_jaccard(stream: Sequence[LabelledDoc]) -> list[float]:
-    """Exact Jaccard of each copy's shingle set with its source's, in stream order."""
-    text = {doc.doc_id: doc.text for doc in stream if doc.source is None}
-    out = []
-    for doc in stream:
-        if doc.source is not None:
-            a, b = set(shingles(doc.text)), set(shingles(text[doc.source]))
-            out.append(len(a & b) / len(a | b))
-    return out
 
 
 def measure(stream: Sequence[LabelledDoc], rounds: int) -> list[dict[str, Any]]:

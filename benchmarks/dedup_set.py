@@ -83,6 +83,26 @@ def labelled_stream(
     return out
 
 
+def shingles(text: str, size: int = 3) -> list[str]:
+    """Word ``size``-grams of the lowercased words, as our filter forms them (a document
+    shorter than that is one shingle)."""
+    words = text.lower().split()
+    if len(words) < size:
+        return [" ".join(words)] if words else []
+    return [" ".join(words[i : i + size]) for i in range(len(words) - size + 1)]
+
+
+def true_jaccard(stream: Sequence[LabelledDoc], size: int = 3) -> list[float]:
+    """Exact Jaccard of each copy's shingle set with its source's, in stream order."""
+    text = {doc.doc_id: doc.text for doc in stream if doc.source is None}
+    out = []
+    for doc in stream:
+        if doc.source is not None:
+            a, b = set(shingles(doc.text, size)), set(shingles(text[doc.source], size))
+            out.append(len(a & b) / len(a | b))
+    return out
+
+
 def score(stream: Sequence[LabelledDoc], dropped: Sequence[bool]) -> Scores:
     """Scores of one filter's calls (True = dropped as a duplicate), in stream order."""
     if len(dropped) != len(stream):
