@@ -145,9 +145,9 @@ class _Powers:
         return cls
 
 
-def _fold(columns: Sequence[U64]) -> U64:
-    """FNV-1a over 64-bit symbols (one array per position), then mixed."""
-    h = np.full(columns[0].shape, _FNV_BASIS, dtype=np.uint64)
+def _fold(columns: Sequence[U64], start: U64) -> U64:
+    """FNV-1a over 64-bit symbols (one array per position) from ``start``, then mixed."""
+    h = start
     for col in columns:
         h = (h ^ col) * _FNV_PRIME  # wraps mod 2**64, as FNV intends
     return _mix64(h)
@@ -161,6 +161,7 @@ class DuplicateFilter:
         rng = np.random.default_rng(config.seed)
         self._a: U64 = rng.integers(1, _P, size=config.num_perm, dtype=np.uint64)
         self._b: U64 = rng.integers(0, _P, size=config.num_perm, dtype=np.uint64)
+        self._band_start: U64 = (_FNV_BASIS ^ np.arange(config.bands, dtype=np.uint64)) * _FNV_PRIME
         self._signer: RensaSigner | None = None
         if config.backend == "rensa":
             self._signer = RensaSigner(config.num_perm, config.seed)
@@ -251,9 +252,9 @@ class DuplicateFilter:
         """One uint64 bucket key per (document, band); collisions are harmless (verified)."""
         c = self.config
         cube = sigs.reshape(len(sigs), c.bands, c.rows).astype(np.uint64)
-        # The band number is the first symbol, so equal rows in two bands give two keys.
-        band = np.broadcast_to(np.arange(c.bands, dtype=np.uint64), cube.shape[:2])
-        return _fold([band, *(cube[:, :, j] for j in range(c.rows))])
+        # The band number is the first symbol (folded in already, in _band_start), so equal
+        # rows in two bands give two keys.
+        return _fold([cube[:, :, j] for j in range(c.rows)], self._band_start)
 
     # ------------------------------------------------------------------ index
     def _position(self, slot: int) -> int:
