@@ -5,31 +5,48 @@ differences vanish). Exact duplicates are caught by a 16-byte blake2b digest of 
 joined by single spaces. Near duplicates are caught with MinHash: the document's word
 ``shingle_size``-grams are hashed to stable uint64 values (a Rabin-Karp polynomial over the
 shingle's normalized UTF-8 bytes mod 2**64, computed for the whole batch from prefix sums,
-then the splitmix64 mixer; never Python's salted ``hash()``), reduced mod the prime
-``p = 2**32 - 5``, and pushed through ``num_perm``
-universal hash functions ``(a*x + b) mod p`` with ``a`` in [1, p), ``b`` in [0, p) drawn
-from ``np.random.default_rng(seed)``. Because x, a, b < 2**32, ``a*x + b < 2**64``: the
-arithmetic is exact in numpy uint64 with no overflow, and a signature fits in uint32.
-A signature entry is the minimum over the document's shingles; the fraction of equal
-entries between two signatures estimates their Jaccard similarity (std ~0.035 at
-s=0.8 with 128 entries). A document with fewer words than ``shingle_size`` is one shingle.
+then the splitmix64 mixer; never Python's salted ``hash()``), and each of ``num_perm``
+permutations keeps the minimum over the document's shingles. A document with fewer words
+than ``shingle_size`` is one shingle. The fraction of equal entries between two signatures
+estimates their Jaccard similarity (std ~0.035 at s=0.8 with 128 entries).
+
+Backends. Who permutes the shingle hashes is ``backend``:
+
+- ``"rensa"`` (the default): rensa's R-MinHash in Rust (``minhash_rensa.py``) is handed the
+  batch's shingle hashes as one flat uint64 buffer with row offsets, and returns uint32
+  signatures; its permutations come from ``seed`` inside rensa. On the labelled stream of
+  ``benchmarks/dedup.py`` the filter is about 2x faster with it than with numpy at the same
+  F1 (figures in benchmarks/README.md).
+- ``"numpy"``, the reference: ``(a*x + b) mod p`` with ``x`` the hash mod the prime
+  ``p = 2**32 - 5`` and ``a`` in [1, p), ``b`` in [0, p) drawn from
+  ``np.random.default_rng(seed)``. Because x, a, b < 2**32, ``a*x + b < 2**64``: the
+  arithmetic is exact in numpy uint64 with no overflow, and a signature fits in uint32.
+
+The two backends' signatures are not comparable, so a saved state names its backend and a
+load into the other is refused (a version-1 state predates the setting and is numpy's). A
+rensa state also keeps rensa's algorithm version and the signature of fixed probe hashes, so
+a rensa that permutes differently is refused rather than silently mixed in.
 
 LSH. The signature is cut into ``bands`` bands of ``rows`` entries; each band is hashed to
-a bucket key, and each band has its own dict from key to the index slots holding it. Two
-documents of Jaccard s share at least one bucket (become candidates) with probability
-``1 - (1 - s**rows)**bands``, an S-curve. With bands=32, rows=4: s=0.8 -> ~1.0 (miss rate
-~5e-8), s=0.5 -> ~0.87, s=0.3 -> ~0.23. More rows steepen the curve and move it right
-(fewer candidates, more misses near the threshold); more bands move it left. Candidates
-are always verified, so a false positive needs an estimated Jaccard >= ``threshold``;
-a loose curve only costs verification time, never wrong drops.
+a bucket key (salted with the band number, so all bands share one dict from key to the
+index slots holding it). Two documents of Jaccard s share at least one bucket (become
+candidates) with probability ``1 - (1 - s**rows)**bands``, an S-curve. With bands=32,
+rows=4: s=0.8 -> ~1.0 (miss rate ~5e-8), s=0.5 -> ~0.87, s=0.3 -> ~0.23. More rows steepen
+the curve and move it right (fewer candidates, more misses near the threshold); more bands
+move it left. Candidates are always verified, so a false positive needs an estimated
+Jaccard >= ``threshold``; a loose curve only costs verification time, never wrong drops.
 
 Streaming. ``check`` drops a document that duplicates an already-kept one and otherwise
 adds it to the index. The index holds at most ``max_docs`` documents; beyond that the
 oldest kept entry is evicted (FIFO), so a copy of a document older than the last
-``max_docs`` kept ones is no longer caught. Verdicts depend only on the sequence of
-(doc_id, text) pairs and the seed, so they are reproducible across processes. Memory at
-the default 200k docs: ~100 MB of signatures plus ~0.7 GB of bucket dicts (32 per doc).
-With ``enabled=False`` every document is kept and nothing is hashed or indexed.
+``max_docs`` kept ones is no longer caught. ``check_batch`` gives exactly the verdicts of
+``check`` on each document in turn: it decides one by one only the documents that share a
+bucket key with the index or with an earlier document of the batch, and puts the runs
+between them (which cannot be duplicates) into the index in bulk. Verdicts depend only on
+the sequence of (doc_id, text) pairs and the seed, so they are reproducible across
+processes. Memory at the default 200k docs: ~100 MB of signatures plus ~0.7 GB for the
+bucket dict (32 keys per doc). With ``enabled=False`` every document is kept and nothing
+is hashed or indexed.
 """
 
 from __future__ import annotations
@@ -43,18 +60,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from reference_trainer.model_and_data.minhash import (
+    FNV_BASIS,
+    FNV_PRIME,
+    I64,
+    U32,
+    U64,
+    NumpySigner,
+    fold,
+    shingle_hashes,
+)
 from reference_trainer.model_and_data.minhash_rensa import RensaSigner
 
-U64 = npt.NDArray[np.uint64]
-U32 = npt.NDArray[np.uint32]
-I64 = npt.NDArray[np.int64]
-
-_P = 2**32 - 5  # prime; keeps a*x + b below 2**64 so uint64 arithmetic is exact
-_FNV_BASIS = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
-_M = np.uint64(0x9E3779B97F4A7C15)  # odd, so invertible mod 2**64
-_M_INV = np.uint64(pow(int(_M), -1, 2**64))
-_CHUNK = 2048  # shingles per hashing pass: the (num_perm, chunk) block stays in cache
 BACKENDS = ("rensa", "numpy")
 _STATE_VERSION = 2  # 2 added the backend; a version-1 state is a numpy-backend state
 
@@ -111,60 +128,14 @@ class DedupVerdict:
 _UNIQUE = DedupVerdict(keep=True, reason="unique", duplicate_of=None, similarity=None)
 
 
-def _mix64(z: U64) -> U64:
-    """splitmix64 finalizer: every input bit affects every output bit."""
-    z = z ^ (z >> np.uint64(30))
-    z = z * np.uint64(0xBF58476D1CE4E5B9)
-    z = z ^ (z >> np.uint64(27))
-    z = z * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-class _Powers:
-    """M**i, M**-i and sum(M**j for j < i) mod 2**64: constants, computed once per process
-    and grown by doubling (a new filter would otherwise pay for them on its first batch)."""
-
-    powers: U64 = np.ones(0, dtype=np.uint64)
-    inverse: U64 = np.ones(0, dtype=np.uint64)
-    sums: U64 = np.zeros(1, dtype=np.uint64)  # one longer: sums[i] sums the first i powers
-
-    @classmethod
-    def at_least(cls, n: int) -> type[_Powers]:
-        """The class itself, its arrays now at least ``n`` long."""
-        if len(cls.powers) < n:
-            size = max(n, 2 * len(cls.powers), 1 << 16)
-            powers = np.full(size, _M, dtype=np.uint64)
-            powers[0] = 1
-            np.cumprod(powers, out=powers)
-            inverse = np.full(size, _M_INV, dtype=np.uint64)
-            inverse[0] = 1
-            np.cumprod(inverse, out=inverse)
-            sums = np.zeros(size + 1, dtype=np.uint64)
-            np.cumsum(powers, out=sums[1:])
-            cls.powers, cls.inverse, cls.sums = powers, inverse, sums
-        return cls
-
-
-def _fold(columns: Sequence[U64], start: U64) -> U64:
-    """FNV-1a over 64-bit symbols (one array per position) from ``start``, then mixed."""
-    h = start
-    for col in columns:
-        h = (h ^ col) * _FNV_PRIME  # wraps mod 2**64, as FNV intends
-    return _mix64(h)
-
-
 class DuplicateFilter:
     """Drops exact and near-duplicate documents of a stream, remembering what it kept."""
 
     def __init__(self, config: DedupConfig) -> None:
         self.config = config
-        rng = np.random.default_rng(config.seed)
-        self._a: U64 = rng.integers(1, _P, size=config.num_perm, dtype=np.uint64)
-        self._b: U64 = rng.integers(0, _P, size=config.num_perm, dtype=np.uint64)
-        self._band_start: U64 = (_FNV_BASIS ^ np.arange(config.bands, dtype=np.uint64)) * _FNV_PRIME
-        self._signer: RensaSigner | None = None
-        if config.backend == "rensa":
-            self._signer = RensaSigner(config.num_perm, config.seed)
+        self._band_start: U64 = (FNV_BASIS ^ np.arange(config.bands, dtype=np.uint64)) * FNV_PRIME
+        signer = RensaSigner if config.backend == "rensa" else NumpySigner
+        self._signer: RensaSigner | NumpySigner = signer(config.num_perm, config.seed)
         self._reset()
 
     def _reset(self, size: int = 0) -> None:
@@ -185,68 +156,10 @@ class DuplicateFilter:
         self._stats = dict.fromkeys(("seen", "kept", "dropped_exact", "dropped_near", "evicted"), 0)
 
     # ------------------------------------------------------------------ hashing
-    def _shingle_hashes(self, norms: Sequence[bytes], n_words: I64) -> tuple[U64, I64]:
-        """uint64 hash of every shingle of the batch, and the number of shingles per doc."""
-        k = self.config.shingle_size
-        counts = np.where(n_words >= k, n_words - k + 1, np.minimum(n_words, 1))
-        # Every word, the last included, ends with a space; empty docs add no bytes.
-        data = np.frombuffer(b" ".join(n for n in norms if n) + b" ", dtype=np.uint8)
-        ends = np.flatnonzero(data == 32)  # one per word: split() left no other spaces
-        word_start = np.concatenate(([0], ends[:-1] + 1))
-        # Rabin-Karp over bytes mod 2**64 with prefix sums: the hash of the byte span
-        # [lo, hi) is (S[hi] - S[lo]) * M**-lo, the same wherever the span sits.
-        rk = _Powers.at_least(len(data))
-        # S[i] = sum((byte_j + 1) * M**j for j < i), the +1 so that a NUL byte still changes
-        # the hash; kept as the byte part C here plus the cached sums of powers, added below
-        # only where a shingle starts or ends.
-        prefix = np.zeros(len(data) + 1, dtype=np.uint64)
-        np.multiply(data, rk.powers[: len(data)], out=prefix[1:])
-        np.cumsum(prefix[1:], out=prefix[1:])
-        # Shingle j of a doc spans its words j .. j+k-1; a doc shorter than k is one shingle.
-        firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        doc_word = np.concatenate(([0], np.cumsum(n_words)[:-1]))
-        first_word = np.arange(int(counts.sum()), dtype=np.int64)
-        first_word += np.repeat(doc_word - firsts, counts)
-        last_word = first_word + np.repeat(np.minimum(n_words, k) - 1, counts)
-        lo, hi = word_start[first_word], ends[last_word]
-        span = (prefix[hi] - prefix[lo]) + (rk.sums[hi] - rk.sums[lo])
-        return _mix64(span * rk.inverse[lo]), counts
-
     def _signatures(self, norms: Sequence[bytes], n_words: I64) -> U32:
         """MinHash signatures, one row per document, computed for the whole batch at once."""
-        shingles, counts = self._shingle_hashes(norms, n_words)
-        if self._signer is not None:
-            return self._signer.signatures(shingles, counts)
-        return self._numpy_signatures(shingles, counts)
-
-    def _numpy_signatures(self, shingles: U64, counts: I64) -> U32:
-        """The reference backend: universal hashing mod p in numpy uint64."""
-        x = shingles % np.uint64(_P)
-        num = len(counts)
-        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        # Empty documents keep the sentinel p, which no real hash value (< p) can equal.
-        sigs = np.full((num, self.config.num_perm), _P, dtype=np.uint32)
-        d = 0
-        while d < num:
-            # Group whole documents into ~_CHUNK shingles so reduceat needs no stitching.
-            end = int(np.searchsorted(first, first[d] + _CHUNK, side="right"))
-            end = max(end, d + 1)
-            lo, hi = int(first[d]), int(first[end - 1] + counts[end - 1])
-            if hi > lo:
-                # Permutations along rows: reduceat then runs over contiguous memory (~10x
-                # faster than reducing along axis 0 of the transposed layout).
-                y = np.multiply.outer(self._a, x[lo:hi])
-                y += self._b[:, None]
-                # y - (y // p) * p: numpy divides by a scalar with libdivide (multiply and
-                # shift), which beats the hardware division behind np.remainder.
-                q = y // np.uint64(_P)
-                q *= np.uint64(_P)
-                y -= q
-                nz = np.flatnonzero(counts[d:end] > 0)  # reduceat mishandles empty segments
-                mins = np.minimum.reduceat(y, first[d:end][nz] - lo, axis=1)
-                sigs[d + nz] = mins.T.astype(np.uint32)
-            d = end
-        return sigs
+        shingles, counts = shingle_hashes(norms, n_words, self.config.shingle_size)
+        return self._signer.signatures(shingles, counts)
 
     def _band_keys(self, sigs: U32) -> U64:
         """One uint64 bucket key per (document, band); collisions are harmless (verified)."""
@@ -254,7 +167,7 @@ class DuplicateFilter:
         cube = sigs.reshape(len(sigs), c.bands, c.rows).astype(np.uint64)
         # The band number is the first symbol (folded in already, in _band_start), so equal
         # rows in two bands give two keys.
-        return _fold([cube[:, :, j] for j in range(c.rows)], self._band_start)
+        return fold([cube[:, :, j] for j in range(c.rows)], self._band_start)
 
     # ------------------------------------------------------------------ index
     def _position(self, slot: int) -> int:
@@ -429,11 +342,7 @@ class DuplicateFilter:
         order = (self._oldest + np.arange(self._count)) % max(self._count, 1)
         digests = b"".join(self._digests[i] for i in order.tolist())
         # numpy: the permutations themselves; rensa: what identifies the ones it derives.
-        permutations = (
-            {"perm_a": self._a.copy(), "perm_b": self._b.copy()}
-            if self._signer is None
-            else self._signer.state()
-        )
+        permutations = self._signer.state()
         return {
             "version": _STATE_VERSION,
             "backend": self.config.backend,
@@ -469,14 +378,10 @@ class DuplicateFilter:
                     f"dedup.{name} is {getattr(c, name)} but the state has "
                     f"{saved[name]}; signatures would not be comparable"
                 )
-        if c.backend == "rensa":
-            # The saved seed wins, as saved permutations do below; the signer refuses a rensa
-            # whose permutations for that seed are not the ones the state was made with.
-            self._signer = RensaSigner.restore(c.num_perm, int(saved["seed"]), state)
-        else:
-            # The stored permutations win over the seed, so a numpy upgrade cannot change them.
-            self._a = np.asarray(state["perm_a"], dtype=np.uint64).copy()
-            self._b = np.asarray(state["perm_b"], dtype=np.uint64).copy()
+        # The state's permutations (numpy) or its seed (rensa, which refuses a state whose
+        # permutations it would not reproduce) win over the configured seed.
+        signer = RensaSigner if c.backend == "rensa" else NumpySigner
+        self._signer = signer.restore(c.num_perm, int(saved["seed"]), state)
         keep = slice(-c.max_docs, None)  # a smaller capacity keeps the newest entries
         sigs = np.asarray(state["signatures"], dtype=np.uint32)[keep]
         n = len(sigs)

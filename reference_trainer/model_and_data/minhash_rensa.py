@@ -17,11 +17,8 @@ import itertools
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-U64 = npt.NDArray[np.uint64]
-U32 = npt.NDArray[np.uint32]
-I64 = npt.NDArray[np.int64]
+from reference_trainer.model_and_data.minhash import I64, U32, U64
 
 # Fixed, arbitrary probe values: their signature pins down the permutations of a seed.
 _PROBE = (np.arange(1, 65, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).astype(np.uint64)
