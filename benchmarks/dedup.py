@@ -22,9 +22,9 @@ contender's docs/s is its best round (wall clock; CPU time alongside, since othe
 shared machine only ever adds wall time). Accuracy: precision, recall and F1 of "is a copy";
 the calls must be the same in every round. ``RAYON_NUM_THREADS=1`` unless set: one core for
 each contender, as a trainer rank has. Goal: ours (rensa) >= rensa (own LSH) in docs/s at
->= its F1.
+>= its F1, by wall clock and by CPU time ("unclear" when the two disagree).
 
-    .venv/bin/python benchmarks/dedup.py [--rounds 5] [--max-edits 8] [--out FILE]
+    .venv/bin/python benchmarks/dedup.py [--rounds 5] [--max-edits 10] [--out FILE]
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--originals", type=int, default=5000)
     parser.add_argument("--copies", type=int, default=1000)
-    parser.add_argument("--max-edits", type=int, default=8)
+    parser.add_argument("--max-edits", type=int, default=10)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/dedup.json")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -172,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(stream, args.rounds)
     by_name = {row["contender"]: row for row in rows}
     ours_r, theirs = by_name["ours (rensa)"], by_name["rensa (own LSH)"]
-    met = ours_r["docs_per_s"] >= theirs["docs_per_s"] and ours_r["f1"] >= theirs["f1"]
+    # Wall clock and CPU time must agree: on a shared machine one contender's best round
+    # can still have been slowed by other work, which CPU time shows less.
+    f1_ok = ours_r["f1"] >= theirs["f1"]
+    wall_ok = f1_ok and ours_r["docs_per_s"] >= theirs["docs_per_s"]
+    cpu_ok = f1_ok and ours_r["cpu_docs_per_s"] >= theirs["cpu_docs_per_s"]
+    met = "met" if wall_ok and cpu_ok else "NOT met" if not (wall_ok or cpu_ok) else "unclear"
     result = {
         "benchmark": "dedup",
         "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -185,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         "rayon_threads": os.environ.get("RAYON_NUM_THREADS"),
         "versions": {"rensa": _version("rensa"), "datasketch": _version("datasketch")},
         "baseline": f"{BASELINE}, same stream, same process, interleaved rounds",
-        "goal": "ours (rensa) docs/s >= rensa (own LSH) docs/s at >= its F1",
+        "goal": "ours (rensa) docs/s >= rensa (own LSH) docs/s at >= its F1, by wall clock "
+        "and by CPU time",
         "goal_met": met,
+        "goal_by_wall": wall_ok,
+        "goal_by_cpu": cpu_ok,
         "rows": rows,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(out)
     console.print(
         f"copies with true Jaccard >= {THRESHOLD}: {result['copies_at_or_above_threshold']} "
-        f"of {args.copies}; goal {'met' if met else 'NOT met'}: {result['goal']}; {args.out}"
+        f"of {args.copies}; goal {met} (wall {wall_ok}, CPU {cpu_ok}): {result['goal']}; "
+        f"{args.out}"
     )
     return 0
 
