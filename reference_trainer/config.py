@@ -140,6 +140,14 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Rebuild from `to_dict` output; unknown or missing keys raise `ConfigError`."""
+        dedup = data.get("stability", {}).get("dedup") if isinstance(data, dict) else None
+        if isinstance(dedup, dict) and "backend" not in dedup:
+            # Written before the filter had backends: its run hashed with numpy, and its
+            # checkpoints hold numpy signatures, which only the numpy backend can continue.
+            data = {
+                **data,
+                "stability": {**data["stability"], "dedup": {**dedup, "backend": "numpy"}},
+            }
         return build_dataclass(cls, data, "config")
 
     def save(self, run_dir: Path) -> None:
