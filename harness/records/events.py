@@ -132,6 +132,8 @@ class StepObserved(Reported):
     skipped: bool = OMIT
     docs: int = OMIT
     contaminated_docs: int = OMIT
+    fallback_tokens: int = OMIT
+    batch_tokens: int = OMIT
     grad_variance: float = OMIT
     warmup_factor: float = OMIT
 

@@ -30,12 +30,16 @@ from faults.plan import FaultPlan
 from faults.registry import kinds as registered_kinds
 from faults.registry import parse_fault
 from faults.spec import FaultSpec
+from faults.tokenizer_stress import KIND as TOKENIZER_STRESS
+from faults.tokenizer_stress import STRESS_KINDS
 
 __all__ = ["bit_positions", "fault_plans", "fault_specs", "ranks", "steps"]
 
 T = TypeVar("T")
 Fields = SearchStrategy[dict[str, Any]]
 Specs = dict[str, SearchStrategy[FaultSpec]]
+#: Kinds that act on the document stream: at most one per plan, always at step 1.
+_STREAM_KINDS = {CONTAMINATION, TOKENIZER_STRESS}
 _DTYPES = {str(dtype).removeprefix("torch."): layout for dtype, layout in LAYOUTS.items()}
 
 
@@ -161,6 +165,11 @@ def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
             edits=st.integers(1, 5),
             pool=st.integers(1, 64),
         ),
+        TOKENIZER_STRESS: _fields(
+            {"rate": st.sampled_from([0.5, 0.001]) | st.floats(0.001, 0.5)},
+            kinds=st.lists(st.sampled_from(STRESS_KINDS), min_size=1, unique=True),
+            words=st.sampled_from([4, 1000]) | st.integers(4, 1000),
+        ),
     }
 
 
@@ -195,7 +204,7 @@ def _common(max_step: int, world_size: int, checkpoint_every: int | None, timed:
 def _spec(draw: st.DrawFn, kind: str, own: Fields, common: Fields, max_step: int) -> FaultSpec:
     """One validated spec of ``kind``; a probability spec's seed is bumped until it fires."""
     data: dict[str, Any] = {"kind": kind, "seed": draw(st.integers(0, 2**32 - 1)), **draw(own)}
-    if kind == CONTAMINATION:
+    if kind in _STREAM_KINDS:
         data["at_step"] = 1  # the stream is contaminated from the start; ranks are ignored
     else:
         data |= draw(common)
@@ -239,7 +248,8 @@ def _plan(draw: st.DrawFn, specs: Specs, sizes: SearchStrategy[int], swarm: bool
     on = draw(st.lists(st.sampled_from(names), min_size=1, unique=True)) if swarm else names
     faults: list[FaultSpec] = []
     for _ in range(draw(sizes)):
-        once = {CONTAMINATION} & {f.kind for f in faults}  # the agent refuses a second one
+        # The agent refuses a second fault on the document stream.
+        once = _STREAM_KINDS if _STREAM_KINDS & {f.kind for f in faults} else set()
         pool = [k for k in on if k not in once] or [k for k in names if k not in once]
         faults.append(draw(specs[draw(st.sampled_from(pool))]))
     return FaultPlan(tuple(faults))

@@ -15,6 +15,7 @@ from reference_trainer.config import DataConfig
 from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.dedup import DuplicateFilter
 from reference_trainer.model_and_data.nested import map_leaves
+from reference_trainer.model_and_data.token_fallback import TokenFallback
 
 #: Documents tokenized together; larger batches tokenize faster, the buffer grows with it.
 _ENCODE_BATCH = 16
@@ -158,19 +159,32 @@ class TokenStream:
     """Endless windows of ``window`` tokens cut, back to back, from the documents in order."""
 
     def __init__(
-        self, documents: DocumentPipeline, encode: Encoder, layout: TokenLayout, window: int
+        self,
+        documents: DocumentPipeline,
+        encode: Encoder,
+        layout: TokenLayout,
+        window: int,
+        *,
+        fallback: TokenFallback | None = None,
     ) -> None:
         self.documents = documents
         self.encode = encode
+        #: Re-tokenizes (or drops) documents with too many byte-fallback tokens.
+        self.fallback = fallback
         self.layout = layout
         self.window = window
         self.windows_taken = 0
         self._buffer: list[int] = []
 
     def _refill(self) -> None:
-        texts = [doc.text for doc in self.documents.next_documents(_ENCODE_BATCH)]
-        for ids in self.encode(texts):
-            self._buffer.extend(self.layout.wrap(ids))
+        docs = self.documents.next_documents(_ENCODE_BATCH)
+        if self.fallback is None:
+            encoded: list[list[int] | None] = list(self.encode([doc.text for doc in docs]))
+        else:
+            encoded = self.fallback.encode(docs, self.encode)
+        for ids in encoded:
+            if ids is not None:  # None: dropped by the fallback
+                self._buffer.extend(self.layout.wrap(ids))
 
     def take(self, count: int) -> list[list[int]]:
         """The next ``count`` windows."""
