@@ -7,7 +7,8 @@ the next original. A stress document is one of ``kinds``, drawn per slot:
 
 - ``scripts``: words in Cyrillic, Greek, Devanagari, Arabic, CJK and emoji, with some in
   full-width and mathematical Latin letters (which NFKC normalization turns back to ASCII);
-- ``digits``: plain words around very long runs of digits (100 to 400 digits each);
+- ``digits``: plain words around very long runs of digits (100 to 400 digits each, one
+  in ten words and at least one);
 - ``control``: plain words with control characters (NUL, BEL, ESC, DEL, ...) between letters;
 - ``broken``: plain words with lone surrogates (the undecodable bytes a reader keeps with
   ``errors="surrogateescape"``) and U+FFFD between them.
@@ -80,11 +81,11 @@ def _word(rng: random.Random) -> str:
 def stress_text(kind: StressKind, words: int, rng: random.Random) -> str:
     """One stress document of ``kind`` with about ``words`` words."""
     out: list[str] = []
-    for _ in range(words):
+    for i in range(words):
         if kind == "scripts":
             out.append(rng.choice(rng.choice(_SCRIPTS).split()))
         elif kind == "digits":
-            if rng.random() < 0.1:
+            if rng.random() < 0.1 or i == words // 2:  # at least one run
                 out.append("".join(rng.choice("0123456789") for _ in range(rng.randint(100, 400))))
             else:
                 out.append(_word(rng))
