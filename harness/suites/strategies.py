@@ -276,7 +276,8 @@ def fault_plans(
         raise InvalidArgument(f"swarm={swarm!r}: expected True or False")
     if min_faults > max_faults:
         raise InvalidArgument(f"min_faults={min_faults} must be <= max_faults={max_faults}")
-    most = min(max_faults, 1) if set(specs) == {CONTAMINATION} else max_faults
+    most = min(max_faults, 1) if set(specs) <= _STREAM_KINDS else max_faults
     if min_faults > most:
-        raise InvalidArgument(f"min_faults={min_faults}: a plan holds one {CONTAMINATION}")
+        names = " or ".join(sorted(set(specs)))
+        raise InvalidArgument(f"min_faults={min_faults}: a plan holds one {names}")
     return _plan(specs, st.integers(min_faults, most), swarm)
