@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
 from faults.tokenizer_stress import StressedStream, TokenizerStressSpec
 from reference_trainer.config import DataConfig, TrainConfig, preset
@@ -17,6 +17,7 @@ from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.data import DocumentPipeline, TokenLayout, TokenStream
 from reference_trainer.model_and_data.keep_whole import (
     TokenizerConfig,
+    byte_decoder,
     count_pieces,
     is_word,
     keep_whole,
@@ -269,3 +270,8 @@ def test_the_stream_with_stress_and_fallback_resumes_exactly(tokenizer: Tokenize
     second = stream()
     second.load_state_dict(first.state_dict())
     assert head + second.take(300) == expected
+
+
+def test_the_byte_alphabet_is_the_tokenizers_own() -> None:
+    assert set(byte_decoder()) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert sorted(byte_decoder().values()) == list(range(256))

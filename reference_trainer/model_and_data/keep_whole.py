@@ -52,7 +52,7 @@ MIN_COUNT_FLOOR = 50
 #: real one on the corpus.
 _ISOLATED = re.compile(r"(\d|[^\w\s]|_)")
 _BYTE_LEVEL = re.compile(r" ?[^\W\d_]+|\s+(?!\S)|\s+")
-_PASSES = 12  # trimming and joining change other words' pieces; a few passes settle it
+_PASSES = 12  # giving tokens back and joining change other words' pieces; a few passes settle it
 
 
 @dataclass(kw_only=True, slots=True)
@@ -76,13 +76,14 @@ class TokenizerConfig:
 
 @dataclass(frozen=True, slots=True)
 class KeptWhole:
-    """What `keep_whole` did: the threshold, the frequent words, those it had to join."""
+    """What `keep_whole` did: the threshold, the words counted, the frequent words, those it
+    joined, how many trained tokens it gave back and the frequent words left split."""
 
     min_count: int
     words_counted: int
     frequent: tuple[str, ...]
     joined: tuple[str, ...] = ()
-    trimmed: int = 0
+    given_back: int = 0
     left_split: tuple[str, ...] = ()
 
 

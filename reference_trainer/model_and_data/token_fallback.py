@@ -109,7 +109,9 @@ class FallbackProbe:
 
     def mask(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Fallback tokens of ``ids`` (runs of digits are counted along the last axis)."""
-        ids = np.clip(ids, 0, len(self.fallback) - 1)  # an id past the vocabulary: bad input
+        # An id outside the tokenizer's vocabulary (a bad-data fault's random ids) is no
+        # byte of any text: counted as neither fallback nor digit, like <|endoftext|> (0).
+        ids = np.where((ids >= 0) & (ids < len(self.fallback)), ids, 0)
         digit = self.digit[ids]
         ran = np.cumsum(digit, axis=-1)
         start = np.maximum.accumulate(np.where(digit, 0, ran), axis=-1)
