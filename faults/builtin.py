@@ -46,6 +46,7 @@ from faults.process import (
     PreemptSpec,
 )
 from faults.spec import FaultSpec
+from faults.tokenizer_stress import TokenizerStressInjector, TokenizerStressSpec
 
 #: Every built-in kind, in the order `kinds()` gives them (the suite schema's order).
 BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
@@ -70,6 +71,7 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     # data
     (DuplicateContaminationSpec, DuplicateContaminationInjector),
     (ParaphraseContaminationSpec, ParaphraseContaminationInjector),
+    (TokenizerStressSpec, TokenizerStressInjector),
     # process: whole nodes (Docker), then single ranks' processes
     (NodeKillSpec, NodeInjector),
     (NodeStopSpec, NodeInjector),

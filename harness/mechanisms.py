@@ -24,6 +24,8 @@ TRAINER_MECHANISMS = {
     "underflow": "a layer that stopped updating is detected; fp16 raises the loss scale",
     "surgery": "repair a layer's swung gradient instead of skipping the step",
     "adaptive_warmup": "a noisy start (erratic gradient norms) warms up at a lower learning rate",
+    "tokenizer_fallback": "a document with over 5% byte-fallback tokens is repaired and "
+    "tokenized again, or dropped",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

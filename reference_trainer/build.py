@@ -22,10 +22,16 @@ from reference_trainer.model_and_data.data import (
     TokenStream,
 )
 from reference_trainer.model_and_data.dedup import DuplicateFilter
+from reference_trainer.model_and_data.keep_whole import keep_whole
 from reference_trainer.model_and_data.model import GPT, Block
 from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
 from reference_trainer.model_and_data.semantic_dedup import SemanticDedupStage
 from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
+from reference_trainer.model_and_data.token_fallback import (
+    FallbackProbe,
+    TokenFallback,
+    encodable,
+)
 from reference_trainer.model_and_data.tokenizer import (
     load_tokenizer,
     save_tokenizer,
@@ -50,8 +56,10 @@ def seed_everything(seed: int) -> None:
 
 def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) -> Any:
     if topo.is_main and not RunLayout(run_dir).tokenizer.exists():
-        texts = (corpus.document(i).text for i in range(cfg.data.tokenizer_docs))
-        save_tokenizer(train_tokenizer(texts, cfg.model.vocab_size), run_dir)
+        texts = [corpus.document(i).text for i in range(cfg.data.tokenizer_docs)]
+        trained = train_tokenizer(texts, cfg.model.vocab_size)
+        whole, _ = keep_whole(trained, texts, cfg.model.vocab_size, cfg.data.tokenizer)
+        save_tokenizer(whole, run_dir)
     distributed.barrier(topo)
     return load_tokenizer(run_dir, cfg.model.vocab_size)
 
@@ -72,11 +80,18 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
     tokenizer = _tokenizer(cfg, run_dir, corpus, topo)
 
     def encode(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        safe = [encodable(t) for t in texts]
+        return [e.ids for e in tokenizer.encode_batch(safe, add_special_tokens=False)]
+
+    fallback_cfg = cfg.stability.tokenizer_fallback
+    probe = FallbackProbe.of(tokenizer, fallback_cfg.max_digit_run)
+    fallback = TokenFallback(fallback_cfg, probe) if fallback_cfg.enabled else None
 
     documents = DocumentPipeline(corpus, wrap=agent.document_wrapper(), stages=document_stages(cfg))
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
-    stream = TokenStream(documents, encode, layout, window=cfg.model.block_size + 1)
+    stream = TokenStream(
+        documents, encode, layout, window=cfg.model.block_size + 1, fallback=fallback
+    )
     loader = ShardedLoader(
         stream,
         batch_size=cfg.batch_size,
@@ -128,4 +143,5 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         max_lr=peak_lr(cfg, topo.world_size),
         layer_monitor=layer_monitor,
         surgeon=surgeon,
+        probe=probe,
     )

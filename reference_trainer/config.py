@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from harness.run_layout import RunLayout
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.corpus import SOURCE_NAMES
+from reference_trainer.model_and_data.keep_whole import TokenizerConfig
 from reference_trainer.model_and_data.model import GPTConfig
 from reference_trainer.stability.mechanisms import StabilityConfig
 
@@ -38,6 +39,8 @@ class DataConfig:
     """Share of documents drawn from each source; normalized, sources not named get 0."""
     tokenizer_docs: int = 1000
     """Documents from the start of the corpus used to train the BPE tokenizer."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """How the tokenizer is built beyond its size (frequent words kept whole)."""
     eot_at_start: int = 1
     """`<|endoftext|>` tokens placed before each document."""
     eot_every: int = 1024

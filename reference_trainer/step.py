@@ -26,6 +26,7 @@ from reference_trainer.config import TrainConfig
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
 from reference_trainer.model_and_data.model import GPT, next_token_loss
 from reference_trainer.model_and_data.optim import layer_of, lr_at
+from reference_trainer.model_and_data.token_fallback import FallbackProbe, fallback_claims
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmup
 from reference_trainer.stability.clipping import clip_gradients, clip_threshold
@@ -93,6 +94,8 @@ class Trainer:
     layer_monitor: LayerMonitor | None = None
     #: Repairs a swung gradient instead of skipping the step (None when off).
     surgeon: GradientSurgeon | None = None
+    #: Counts the byte-fallback tokens of each batch (None: not counted).
+    probe: FallbackProbe | None = None
     warmup: AdaptiveWarmup = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,7 +128,10 @@ class Trainer:
         lr = self.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = agent.batch(self.loader.next_step()).to(self.topo.device)
+        batch = agent.batch(self.loader.next_step())
+        # Counted on the ids that reach the model, after any bad-data fault.
+        fallback_tokens = OMIT if self.probe is None else self.probe.count(batch.numpy())
+        batch = batch.to(self.topo.device)
         accum = cfg.grad_accum
         local = torch.zeros((), device=self.topo.device)
         for micro in range(accum):
@@ -219,6 +225,8 @@ class Trainer:
             claims += switch_claims(self.monitor.end_step(step))
         counters = self.documents.take_counters()
         claims += data_claims(counters)
+        if self.stream.fallback is not None:
+            claims += fallback_claims(self.stream.fallback.take_counters())
         observed = StepObserved(
             loss=mean_loss,
             local_loss=float(local),
@@ -231,6 +239,8 @@ class Trainer:
             docs=counters.docs,
             contaminated_docs=counters.contaminated_docs,
             contaminated_kinds=counters.contaminated_kinds,
+            fallback_tokens=fallback_tokens,
+            batch_tokens=batch.numel() if self.probe is not None else OMIT,
             grad_variance=OMIT if grad_variance is None else grad_variance,
             warmup_factor=factor,
         )

@@ -12,6 +12,7 @@ from harness.oracles.base import ExpectOracle
 from harness.oracles.checkpoints import NoCorruptCheckpointLoadedOracle
 from harness.oracles.data import ContaminationOracle
 from harness.oracles.detection import DetectedOracle, FalseAlarmsOracle
+from harness.oracles.fallback import FallbackRateOracle
 from harness.oracles.health import (
     CompletedOracle,
     FinalLossOracle,
@@ -28,6 +29,7 @@ __all__ = [
     "ContaminationOracle",
     "DetectedOracle",
     "ExpectOracle",
+    "FallbackRateOracle",
     "FalseAlarmsOracle",
     "FinalLossOracle",
     "LossScaleRecoveredOracle",
@@ -53,6 +55,7 @@ ORACLES: dict[str, type[ExpectOracle]] = {
         ContaminationOracle,
         FalseAlarmsOracle,
         LossScaleRecoveredOracle,
+        FallbackRateOracle,
     )
 }
 

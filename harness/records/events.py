@@ -133,6 +133,8 @@ class StepObserved(Reported):
     docs: int = OMIT
     contaminated_docs: int = OMIT
     contaminated_kinds: dict[str, int] = OMIT
+    fallback_tokens: int = OMIT
+    batch_tokens: int = OMIT
     grad_variance: float = OMIT
     warmup_factor: float = OMIT
 

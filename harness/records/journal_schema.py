@@ -140,6 +140,14 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                     "The injected documents trained on, by contamination kind (`exact`, "
                     "`near`, `paraphrase`, ...): kind -> count.",
                 ),
+                fallback_tokens=FieldSpec(
+                    "int",
+                    "Reference trainer: byte-fallback tokens among the token ids this rank's "
+                    "batch brought to the model (docs/stability.md, tokenizer_fallback).",
+                ),
+                batch_tokens=FieldSpec(
+                    "int", "Token ids in this rank's batch, which `fallback_tokens` counts over."
+                ),
                 grad_variance=FieldSpec(
                     "float",
                     "Reference trainer: half the variance of the log-ratios of successive "

@@ -29,6 +29,7 @@ from faults.plan import FaultPlan
 from faults.registry import kinds as registered_kinds
 from faults.registry import parse_fault
 from faults.spec import FaultSpec
+from faults.tokenizer_stress import STRESS_KINDS
 
 __all__ = ["bit_positions", "fault_plans", "fault_specs", "ranks", "steps"]
 
@@ -166,6 +167,11 @@ def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
             swap=st.sampled_from([1.0, 0.5]) | st.floats(0, 1, exclude_min=True),
             reorder=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
             pool=st.integers(1, 64),
+        ),
+        "tokenizer_stress": _fields(
+            {"rate": st.sampled_from([0.5, 0.001]) | st.floats(0.001, 0.5)},
+            kinds=st.lists(st.sampled_from(STRESS_KINDS), min_size=1, unique=True),
+            words=st.sampled_from([4, 1000]) | st.integers(4, 1000),
         ),
     }
 

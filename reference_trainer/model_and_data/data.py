@@ -16,6 +16,7 @@ from reference_trainer.config import DataConfig
 from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.nested import map_leaves
 from reference_trainer.model_and_data.stages import DocumentStage
+from reference_trainer.model_and_data.token_fallback import TokenFallback
 
 #: Documents tokenized together; larger batches tokenize faster, the buffer grows with it.
 _ENCODE_BATCH = 16
@@ -93,6 +94,16 @@ class DataCounters:
         by_reason[reason] = by_reason.get(reason, 0) + 1
         if _contamination_kind(doc) is not None:
             self.contaminated_dropped[stage] = self.contaminated_dropped.get(stage, 0) + 1
+
+    def retract(self, doc: Any) -> None:
+        """A document counted as kept that a later step (the tokenizer fallback) dropped."""
+        self.docs -= 1
+        kind = _contamination_kind(doc)
+        if kind is not None:
+            self.contaminated_docs -= 1
+            self.contaminated_kinds[kind] -= 1
+            if not self.contaminated_kinds[kind]:
+                del self.contaminated_kinds[kind]
 
     def count_kept(self, doc: Any) -> None:
         """One document that goes into training."""
@@ -193,19 +204,34 @@ class TokenStream:
     """Endless windows of ``window`` tokens cut, back to back, from the documents in order."""
 
     def __init__(
-        self, documents: DocumentPipeline, encode: Encoder, layout: TokenLayout, window: int
+        self,
+        documents: DocumentPipeline,
+        encode: Encoder,
+        layout: TokenLayout,
+        window: int,
+        *,
+        fallback: TokenFallback | None = None,
     ) -> None:
         self.documents = documents
         self.encode = encode
+        #: Re-tokenizes (or drops) documents with too many byte-fallback tokens.
+        self.fallback = fallback
         self.layout = layout
         self.window = window
         self.windows_taken = 0
         self._buffer: list[int] = []
 
     def _refill(self) -> None:
-        texts = [doc.text for doc in self.documents.next_documents(_ENCODE_BATCH)]
-        for ids in self.encode(texts):
-            self._buffer.extend(self.layout.wrap(ids))
+        docs = self.documents.next_documents(_ENCODE_BATCH)
+        if self.fallback is None:
+            encoded: list[list[int] | None] = list(self.encode([doc.text for doc in docs]))
+        else:
+            encoded = self.fallback.encode(docs, self.encode)
+        for doc, ids in zip(docs, encoded, strict=True):
+            if ids is None:  # dropped by the fallback: it never reaches the model
+                self.documents.counters.retract(doc)
+            else:
+                self._buffer.extend(self.layout.wrap(ids))
 
     def take(self, count: int) -> list[list[int]]:
         """The next ``count`` windows."""

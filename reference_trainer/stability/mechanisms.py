@@ -13,6 +13,7 @@ from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
 from reference_trainer.model_and_data.semantic_dedup import SemanticDedupConfig
+from reference_trainer.model_and_data.token_fallback import FallbackConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
 from reference_trainer.stability.clipping import ClipConfig
@@ -64,6 +65,8 @@ class StabilityConfig:
     """The cosine decays to this fraction of the peak learning rate and the last 20% of the
     run trains there (0: it decays to zero and the tail trains nothing)."""
     adaptive_warmup: AdaptiveWarmupConfig = field(default_factory=AdaptiveWarmupConfig)
+    tokenizer_fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    """Re-tokenize (or drop) documents whose byte-fallback rate is over the threshold."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -84,6 +87,7 @@ class StabilityConfig:
             "underflow",
             "surgery",
             "adaptive_warmup",
+            "tokenizer_fallback",
         ):
             getattr(self, name).enabled = False
         elif name == "spikes":
