@@ -23,9 +23,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.inside.agent import Agent
 from harness.records.events import OMIT, Claim, Detected, Recovered, StepObserved
 from reference_trainer.config import TrainConfig
+from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
 from reference_trainer.model_and_data.model import GPT, next_token_loss
 from reference_trainer.model_and_data.optim import layer_of, lr_at
+from reference_trainer.packed_step import packed_forward_backward
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmup
 from reference_trainer.stability.clipping import clip_gradients, clip_threshold
@@ -78,8 +80,8 @@ class Trainer:
     scaler: DynamicLossScaler
     monitor: ActivationMonitor | None
     documents: DocumentPipeline
-    stream: TokenStream
-    loader: ShardedLoader
+    stream: TokenStream | PackedStream
+    loader: ShardedLoader | PackedLoader
     agent: Agent
     max_lr: float
     #: Multiplier on the schedule, lowered by level-2 recovery.
@@ -125,17 +127,22 @@ class Trainer:
         lr = self.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = agent.batch(self.loader.next_step()).to(self.topo.device)
-        accum = cfg.grad_accum
-        local = torch.zeros((), device=self.topo.device)
-        for micro in range(accum):
-            x, y = batch[micro, :, :-1], batch[micro, :, 1:]
-            sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
-            with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
-                with self.precision.autocast():
-                    loss = next_token_loss(self.wrapped(x), y)
-                scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
-            local += loss.detach() / accum
+        packed = None
+        if isinstance(self.loader, PackedLoader):  # dynamic batching: docs/data.md
+            packed = packed_forward_backward(self, self.loader.next_step())
+            local = packed.local
+        else:
+            batch = agent.batch(self.loader.next_step()).to(self.topo.device)
+            accum = cfg.grad_accum
+            local = torch.zeros((), device=self.topo.device)
+            for micro in range(accum):
+                x, y = batch[micro, :, :-1], batch[micro, :, 1:]
+                sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
+                with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
+                    with self.precision.autocast():
+                        loss = next_token_loss(self.wrapped(x), y)
+                    scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
+                local += loss.detach() / accum
         agent.after_backward()
         params = list(self.model.parameters())
         loss_scale = scaler.current()
@@ -221,11 +228,12 @@ class Trainer:
         claims += dedup_claims(counters)
         observed = StepObserved(
             loss=mean_loss,
-            local_loss=float(local),
+            local_loss=float(local) if packed is None else packed.local_loss,
             grad_norm=grad_norm,
             lr=lr,
             loss_scale=loss_scale,
             tokens=self.loader.tokens_per_step(),
+            pad_tokens=OMIT if packed is None else packed.pad_tokens,
             step_time=time.perf_counter() - t0,
             skipped=skip,
             docs=counters.docs,

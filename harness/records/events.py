@@ -134,6 +134,7 @@ class StepObserved(Reported):
     contaminated_docs: int = OMIT
     grad_variance: float = OMIT
     warmup_factor: float = OMIT
+    pad_tokens: int = OMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
