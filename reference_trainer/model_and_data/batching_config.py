@@ -19,7 +19,7 @@ class BatchingConfig:
     tokens_per_batch: int = 0
     """Token budget of one rank micro-step, padding included (rows x longest piece);
     0: batch_size x (block_size + 1), the fixed batch's size."""
-    sort_pool: int = 16
+    sort_pool: int = 64
     """Micro-batches' worth of documents gathered, sorted by length and cut into
     micro-batches at once: more sorts better (less padding), fewer keeps the data order
     closer to the stream's (a piece waits at most one pool)."""
