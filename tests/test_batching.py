@@ -4,7 +4,6 @@ resumable, the same steps whatever the split over ranks, every real token weight
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -307,7 +306,7 @@ def test_the_default_budget_is_the_fixed_batch() -> None:
     assert _with_batching(tokens_per_batch=1000).data.batching.budget(8, 64) == 1000
 
 
-def test_enable_dynamic_batching_switches_the_data_config_not_stability(tmp_path: Path) -> None:
+def test_enable_dynamic_batching_switches_the_data_config_not_stability() -> None:
     cfg = preset("tiny")
     stability = repr(cfg.stability)
     cfg.enable("dynamic_batching")
