@@ -38,6 +38,8 @@ LAUNCHER_MECHANISMS = {
 OPT_IN = {
     "forecast_acting": "the LSTM forecaster's claims above its band trigger recovery "
     "(it only journals by default: docs/detectors.md)",
+    "dynamic_batching": "batches of whole documents grouped by length under a token budget, "
+    "padding ignored by the loss (docs/data.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

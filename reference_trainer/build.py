@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.inside.agent import Agent
 from harness.run_layout import RunLayout
 from reference_trainer.config import TrainConfig
+from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.data import (
     DocumentPipeline,
@@ -89,16 +90,34 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
 
     documents = DocumentPipeline(corpus, wrap=agent.document_wrapper(), stages=document_stages(cfg))
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
-    stream = TokenStream(
-        documents, encode, layout, window=cfg.model.block_size + 1, fallback=fallback
-    )
-    loader = ShardedLoader(
-        stream,
-        batch_size=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        rank=topo.rank,
-        world_size=topo.world_size,
-    )
+    stream: TokenStream | PackedStream
+    loader: ShardedLoader | PackedLoader
+    batching = cfg.data.batching
+    if batching.enabled:  # whole documents under a token budget (docs/data.md)
+        stream = PackedStream(
+            documents,
+            encode,
+            layout,
+            max_len=cfg.model.block_size + 1,
+            budget=batching.budget(cfg.batch_size, cfg.model.block_size),
+            sort_pool=batching.sort_pool,
+            seed=cfg.data.seed,
+            fallback=fallback,
+        )
+        loader = PackedLoader(
+            stream, grad_accum=cfg.grad_accum, rank=topo.rank, world_size=topo.world_size
+        )
+    else:
+        stream = TokenStream(
+            documents, encode, layout, window=cfg.model.block_size + 1, fallback=fallback
+        )
+        loader = ShardedLoader(
+            stream,
+            batch_size=cfg.batch_size,
+            grad_accum=cfg.grad_accum,
+            rank=topo.rank,
+            world_size=topo.world_size,
+        )
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = GPT(cfg.model).to(topo.device)
     # Dropout and any other draw differ per rank, as they would on a real cluster.

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from harness.run_layout import RunLayout
 from reference_trainer.errors import ConfigError
+from reference_trainer.model_and_data.batching_config import BatchingConfig
 from reference_trainer.model_and_data.corpus import SOURCE_NAMES
 from reference_trainer.model_and_data.keep_whole import TokenizerConfig
 from reference_trainer.model_and_data.model import GPTConfig
@@ -47,6 +48,8 @@ class DataConfig:
     """Inside a document, one `<|endoftext|>` after every this many tokens (0: never)."""
     eot_at_end: int = 2
     """`<|endoftext|>` tokens placed after each document."""
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    """Dynamic batching of whole documents under a token budget (off: fixed windows)."""
 
     def __post_init__(self) -> None:
         for name, weight in self.source_weights.items():
@@ -118,6 +121,9 @@ class TrainConfig:
     """Seed of model initialization and every random draw of training."""
     checkpoint_every: int = 20
     """Save a full checkpoint every this many steps (and at the last step)."""
+    checkpoint_every_tokens: int = 0
+    """When > 0, replaces `checkpoint_every`: save at the first step boundary at or after
+    each multiple of this many trained tokens (all ranks; and at the last step)."""
     keep_checkpoints: int = 3
     """Complete checkpoints kept on disk; older ones are deleted after a save."""
     log_every: int = 10
@@ -131,6 +137,21 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "checkpoint_every", "log_every"):
             _positive(name, getattr(self, name))
         _positive("keep_checkpoints", self.keep_checkpoints)
+        every_tokens = self.checkpoint_every_tokens
+        if not (isinstance(every_tokens, int) and every_tokens >= 0):
+            raise ConfigError(
+                f"checkpoint_every_tokens must be an integer >= 0 (0: every checkpoint_every "
+                f"steps), got {every_tokens!r}"
+            )
+        self.data.batching.check_fits(self.model.block_size)
+
+    def enable(self, name: str) -> None:
+        """Switch on one opt-in by its name (`harness.mechanisms.OPT_IN`): dynamic batching
+        here, the stability mechanisms' own in `StabilityConfig.enable`."""
+        if name == "dynamic_batching":
+            self.data.batching.enabled = True
+        else:
+            self.stability.enable(name)
 
     def global_batch(self, world_size: int) -> int:
         """Sequences per optimizer step over all ranks."""

@@ -23,10 +23,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.inside.agent import Agent
 from harness.records.events import OMIT, Claim, Detected, Recovered, StepObserved
 from reference_trainer.config import TrainConfig
+from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
 from reference_trainer.model_and_data.model import GPT, next_token_loss
 from reference_trainer.model_and_data.optim import layer_of, lr_at
 from reference_trainer.model_and_data.token_fallback import FallbackProbe, fallback_claims
+from reference_trainer.packed_step import packed_forward_backward
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmup
 from reference_trainer.stability.clipping import clip_gradients, clip_threshold
@@ -79,8 +81,8 @@ class Trainer:
     scaler: DynamicLossScaler
     monitor: ActivationMonitor | None
     documents: DocumentPipeline
-    stream: TokenStream
-    loader: ShardedLoader
+    stream: TokenStream | PackedStream
+    loader: ShardedLoader | PackedLoader
     agent: Agent
     max_lr: float
     #: Multiplier on the schedule, lowered by level-2 recovery.
@@ -128,20 +130,32 @@ class Trainer:
         lr = self.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = agent.batch(self.loader.next_step())
-        # Counted on the ids that reach the model, after any bad-data fault.
-        fallback_tokens = OMIT if self.probe is None else self.probe.count(batch.numpy())
-        batch = batch.to(self.topo.device)
-        accum = cfg.grad_accum
-        local = torch.zeros((), device=self.topo.device)
-        for micro in range(accum):
-            x, y = batch[micro, :, :-1], batch[micro, :, 1:]
-            sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
-            with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
-                with self.precision.autocast():
-                    loss = next_token_loss(self.wrapped(x), y)
-                scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
-            local += loss.detach() / accum
+        packed = None
+        if isinstance(self.loader, PackedLoader):  # dynamic batching: docs/data.md
+            step_batch = self.loader.next_step()
+            # Counted on the ids of the step's rows, before any bad-data fault.
+            fallback_tokens = (
+                OMIT if self.probe is None else self.probe.count(step_batch.tokens.numpy())
+            )
+            batch_size_tokens = int(step_batch.lengths.sum())  # real tokens, not padding
+            packed = packed_forward_backward(self, step_batch)
+            local = packed.local
+        else:
+            batch = agent.batch(self.loader.next_step())
+            # Counted on the ids that reach the model, after any bad-data fault.
+            fallback_tokens = OMIT if self.probe is None else self.probe.count(batch.numpy())
+            batch_size_tokens = int(batch.numel())
+            batch = batch.to(self.topo.device)
+            accum = cfg.grad_accum
+            local = torch.zeros((), device=self.topo.device)
+            for micro in range(accum):
+                x, y = batch[micro, :, :-1], batch[micro, :, 1:]
+                sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
+                with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
+                    with self.precision.autocast():
+                        loss = next_token_loss(self.wrapped(x), y)
+                    scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
+                local += loss.detach() / accum
         agent.after_backward()
         params = list(self.model.parameters())
         loss_scale = scaler.current()
@@ -229,18 +243,19 @@ class Trainer:
             claims += fallback_claims(self.stream.fallback.take_counters())
         observed = StepObserved(
             loss=mean_loss,
-            local_loss=float(local),
+            local_loss=float(local) if packed is None else packed.local_loss,
             grad_norm=grad_norm,
             lr=lr,
             loss_scale=loss_scale,
             tokens=self.loader.tokens_per_step(),
+            pad_tokens=OMIT if packed is None else packed.pad_tokens,
             step_time=time.perf_counter() - t0,
             skipped=skip,
             docs=counters.docs,
             contaminated_docs=counters.contaminated_docs,
             contaminated_kinds=counters.contaminated_kinds,
             fallback_tokens=fallback_tokens,
-            batch_tokens=batch.numel() if self.probe is not None else OMIT,
+            batch_tokens=batch_size_tokens if self.probe is not None else OMIT,
             grad_variance=OMIT if grad_variance is None else grad_variance,
             warmup_factor=factor,
         )

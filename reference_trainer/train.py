@@ -17,6 +17,7 @@ from reference_trainer.build import build, seed_everything
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
 from reference_trainer.checkpoints.run_dir import check_fresh, check_run, lost_ranks
+from reference_trainer.checkpoints.schedule import SaveSchedule
 from reference_trainer.config import TrainConfig
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
@@ -113,9 +114,13 @@ class Run:
             lr_backoff=cfg.stability.recovery.lr_backoff,
             skip_data=cfg.stability.recovery.skip_data,
             retry_steps=cfg.stability.recovery.retry_steps,
-            windows_per_step=cfg.global_batch(topo.world_size),
+            # (Dynamic batching skips micro-batches: grad_accum x world size of them a step.)
+            windows_per_step=cfg.global_batch(topo.world_size)
+            if not cfg.data.batching.enabled
+            else cfg.grad_accum * topo.world_size,
         )
         self.spikes = SpikeMonitor(cfg.stability.spikes)
+        self.schedule = SaveSchedule(cfg.checkpoint_every, cfg.checkpoint_every_tokens)
         self.spike_fired: list[str] = []
         self.skips = 0
         self.gave_up = False
@@ -135,6 +140,7 @@ class Run:
         state = self.trainer.state_dict(step)
         state["trainer"]["policy"] = self.policy.state_dict()
         state["trainer"]["spikes"] = self.spikes.state_dict()
+        state["trainer"]["tokens_trained"] = self.schedule.tokens
         return state
 
     def restore(self, path: Path, state: dict[str, Any], *, rollback: bool = False) -> int:
@@ -149,6 +155,10 @@ class Run:
             self.policy.load_state_dict(extra["policy"])
         if "spikes" in extra:
             self.spikes.load_state_dict(extra["spikes"])
+        # (A checkpoint from before the count: fixed windows, the same tokens every step.)
+        self.schedule.tokens = int(
+            extra.get("tokens_trained", step * self.trainer.loader.tokens_per_step())
+        )
         rng = ckpt.load_rng(path, self.topo.rank)
         if rng is not None:
             ckpt.set_rng_state(rng)
@@ -259,7 +269,7 @@ class Run:
                 if self.trainer.end_fp32_retry(step):  # the retried steps are redone
                     details = {"precision": cfg.precision, "after_step": step}
                     agent.claim(Recovered(action="precision_restored", details=details))
-            saved = step % cfg.checkpoint_every == 0 or step == last
+            saved = self.schedule.after_step(step, result.observed.tokens) or step == last
             if saved:
                 self.checkpoints.save(step, self.state_dict(step) if self.topo.is_main else None)
             if step == last or result.preempted:

@@ -224,3 +224,11 @@ def test_a_run_resumed_with_paraphrases_in_its_stream_is_bit_exact(tmp_path: Pat
 
     # The resumed stage dropped the same paraphrases at the same steps, some after the resume.
     assert drops(straight) == drops(split) and any(step > 12 for step, _ in drops(split))
+
+
+@needs_model
+def test_text_with_undecodable_bytes_is_embedded(embedder: embeddings.SentenceEmbedder) -> None:
+    # A lone surrogate (what broken UTF-8 decodes to with surrogateescape) must not crash
+    # the stage: the tokenizer_stress fault sends such documents.
+    vectors = embedder.encode(["price \udcff paid", "price ? paid"])
+    assert vectors.shape == (2, embeddings.DIM) and float(vectors[0] @ vectors[1]) > 0.999

@@ -137,6 +137,7 @@ class StepObserved(Reported):
     batch_tokens: int = OMIT
     grad_variance: float = OMIT
     warmup_factor: float = OMIT
+    pad_tokens: int = OMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

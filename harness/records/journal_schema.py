@@ -159,6 +159,11 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                     "Reference trainer, during warmup: the multiplier "
                     "1 / (1 + 10 * grad_variance) already applied to `lr`.",
                 ),
+                pad_tokens=FieldSpec(
+                    "int",
+                    "Reference trainer, with dynamic batching: padded positions of the step "
+                    "(ignored by the loss), summed over ranks; `tokens` counts the real ones.",
+                ),
             ),
         ),
         "fault_injected": (

@@ -100,8 +100,11 @@ class SentenceEmbedder:
             return np.zeros((0, DIM), dtype=np.float32)
         if self._model is None:
             self._model = self._load()
+        # The model's tokenizer refuses a string that is not valid Unicode (lone surrogates:
+        # undecodable input bytes); they become "?", as a lenient decoder would make them.
+        valid = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
         vectors = self._model.encode(
-            list(texts),
+            valid,
             batch_size=self.config.batch_size,
             normalize_embeddings=True,
             convert_to_numpy=True,
