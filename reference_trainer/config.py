@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from harness.run_layout import RunLayout
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.corpus import SOURCE_NAMES
+from reference_trainer.model_and_data.mixes import mix_weights
 from reference_trainer.model_and_data.model import GPTConfig
 from reference_trainer.stability.mechanisms import StabilityConfig
 
@@ -27,15 +28,9 @@ class DataConfig:
 
     seed: int = 1234
     """Seed of the generated corpus (independent of the training seed)."""
-    source_weights: dict[str, float] = field(
-        default_factory=lambda: {
-            "technical_docs": 0.4,
-            "social_chatter": 0.2,
-            "product_reviews": 0.2,
-            "code": 0.2,
-        }
-    )
-    """Share of documents drawn from each source; normalized, sources not named get 0."""
+    source_weights: dict[str, float] = field(default_factory=lambda: mix_weights("default"))
+    """Share of documents drawn from each source; normalized, sources not named get 0
+    (``--data-mix NAME`` sets a named mix: `reference_trainer.model_and_data.mixes`)."""
     tokenizer_docs: int = 1000
     """Documents from the start of the corpus used to train the BPE tokenizer."""
     eot_at_start: int = 1
