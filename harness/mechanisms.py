@@ -35,6 +35,8 @@ LAUNCHER_MECHANISMS = {
 OPT_IN = {
     "forecast_acting": "the LSTM forecaster's claims above its band trigger recovery "
     "(it only journals by default: docs/detectors.md)",
+    "quality_sampling": "the corpus's sampling weights follow a per-source quality score "
+    "from per-source loss, within bounds (docs/data.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

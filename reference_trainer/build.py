@@ -35,6 +35,7 @@ from reference_trainer.stability.layer_monitor import LayerMonitor
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
+from reference_trainer.stability.quality_sampling import QualitySampler
 from reference_trainer.stability.surgery import GradientSurgeon
 from reference_trainer.step import Trainer
 
@@ -69,7 +70,10 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         dedup=DuplicateFilter(dedup) if dedup.enabled else None,
     )
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
-    stream = TokenStream(documents, encode, layout, window=cfg.model.block_size + 1)
+    quality = cfg.stability.quality_sampling
+    stream = TokenStream(
+        documents, encode, layout, window=cfg.model.block_size + 1, tag_sources=quality.enabled
+    )
     loader = ShardedLoader(
         stream,
         batch_size=cfg.batch_size,
@@ -121,4 +125,9 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         max_lr=peak_lr(cfg, topo.world_size),
         layer_monitor=layer_monitor,
         surgeon=surgeon,
+        quality=(
+            QualitySampler(quality, cfg.data.source_weights, topo.device)
+            if quality.enabled
+            else None
+        ),
     )

@@ -21,7 +21,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.inside.agent import Agent
-from harness.records.events import OMIT, Claim, Detected, Recovered, StepObserved
+from harness.records.events import (
+    OMIT,
+    Claim,
+    DataWeightsObserved,
+    Detected,
+    Recovered,
+    StepObserved,
+)
 from reference_trainer.config import TrainConfig
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
 from reference_trainer.model_and_data.model import GPT, next_token_loss
@@ -34,6 +41,7 @@ from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
+from reference_trainer.stability.quality_sampling import QualitySampler
 from reference_trainer.stability.surgery import GradientSurgeon
 from reference_trainer.step_claims import dedup_claims, scale_claims, switch_claims
 
@@ -48,6 +56,8 @@ class StepResult:
     preempted: bool = False
     #: Per-layer statistics of the step (None when no mechanism needs them).
     layers: StepStats | None = None
+    #: The corpus's sampling weights, when quality sampling journals them at this step.
+    data: DataWeightsObserved | None = None
 
     @property
     def skipped(self) -> bool:
@@ -93,6 +103,8 @@ class Trainer:
     layer_monitor: LayerMonitor | None = None
     #: Repairs a swung gradient instead of skipping the step (None when off).
     surgeon: GradientSurgeon | None = None
+    #: Quality-weighted sampling of the corpus's sources (None when off).
+    quality: QualitySampler | None = None
     warmup: AdaptiveWarmup = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +138,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = agent.batch(self.loader.next_step()).to(self.topo.device)
+        quality, sources = self.quality, self.loader.last_sources
+        if sources is not None:
+            sources = sources.to(self.topo.device)
         accum = cfg.grad_accum
         local = torch.zeros((), device=self.topo.device)
         for micro in range(accum):
@@ -133,7 +148,10 @@ class Trainer:
             sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
             with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
                 with self.precision.autocast():
-                    loss = next_token_loss(self.wrapped(x), y)
+                    logits = self.wrapped(x)
+                    loss = next_token_loss(logits, y)
+                if quality is not None and sources is not None:
+                    quality.observe(logits, y, sources[micro, :, 1:])
                 scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
             local += loss.detach() / accum
         agent.after_backward()
@@ -148,12 +166,13 @@ class Trainer:
         )
         verdict = watch.gradients() if watch is not None else None
         repairable = verdict.repairable if verdict is not None else []
-        mean_loss, all_finite, preempted, mean_norm, repair_on, stalled = self._agree(
+        mean_loss, all_finite, preempted, mean_norm, repair_on, stalled, by_source = self._agree(
             local,
             grad_norm,
             swung=verdict is not None and verdict.skip,
             stalled=verdict is not None and verdict.stalled,
             repairable=bool(repairable),
+            extra=quality.local_totals() if quality is not None else None,
         )
         swung = repair_on.swung  # on this rank or another
         claims: list[Claim] = []
@@ -217,6 +236,14 @@ class Trainer:
         claims += scale_claims(change)
         if self.monitor is not None:
             claims += switch_claims(self.monitor.end_step(step))
+        data = None
+        if quality is not None and by_source is not None:
+            # From the next step on, documents are drawn by the new weights.
+            if quality.end_step(by_source, good=not skip):
+                self.documents.use_corpus(
+                    self.documents.corpus.reweighted(quality.weights_by_source())
+                )
+            data = quality.event(step, last=step == cfg.steps)
         counters = self.documents.take_counters()
         claims += dedup_claims(counters)
         observed = StepObserved(
@@ -245,7 +272,7 @@ class Trainer:
                 if lasted is not None:
                     ended: dict[str, Any] = {"layer": name, "steps": lasted}
                     claims.append(Recovered(action="safe_mode_ended", details=ended))
-        return StepResult(observed, claims, preempted, layers)
+        return StepResult(observed, claims, preempted, layers, data)
 
     def _operate(self, layers: list[str], step: int, loss: float) -> list[Claim]:
         """Gradient surgery on every layer whose gradient swung up or is not finite, when the
@@ -272,12 +299,14 @@ class Trainer:
         swung: bool,
         stalled: bool,
         repairable: bool,
-    ) -> tuple[float, bool, bool, float, Seen, bool]:
+        extra: torch.Tensor | None = None,
+    ) -> tuple[float, bool, bool, float, Seen, bool, torch.Tensor | None]:
         """Mean loss over ranks, whether every rank's loss and gradients are finite,
         whether any rank was asked to stop (SIGTERM), the mean gradient norm over ranks
         (meaningful when all are finite), how many ranks saw a layer's gradient swing up or
-        one surgery could repair, and whether any saw a layer stall: one collective (the
-        barrier every rank stops at), so all ranks take the same decisions."""
+        one surgery could repair, whether any saw a layer stall, and ``extra`` summed over
+        ranks: one collective (the barrier every rank stops at), so all ranks take the
+        same decisions."""
         device = local_loss.device
         finite = torch.isfinite(local_loss) & torch.tensor(math.isfinite(grad_norm), device=device)
         flags = torch.tensor(
@@ -301,6 +330,7 @@ class Trainer:
                     ]
                 ),
                 flags,
+                *([extra.to(device, local_loss.dtype)] if extra is not None else []),
             ]
         )
         if self.topo.distributed:
@@ -317,6 +347,7 @@ class Trainer:
             float(packed[4] / n),
             seen,
             bool(packed[6] > 0),
+            packed[8:] if extra is not None else None,
         )
 
     def force_fp32(self, until: int) -> None:
@@ -364,6 +395,7 @@ class Trainer:
                 "layers": self.layer_monitor.state_dict() if self.layer_monitor else {},
                 "surgery": self.surgeon.state_dict() if self.surgeon else {},
                 "adaptive_warmup": self.warmup.state_dict(),
+                "quality": self.quality.state_dict() if self.quality else {},
             },
         }
 
@@ -388,4 +420,9 @@ class Trainer:
             self.warmup.load_state_dict(extra["adaptive_warmup"])
         else:  # a checkpoint from before the mechanism existed: start the window afresh
             self.warmup.reset()
+        if self.quality is not None and extra.get("quality"):
+            self.quality.load_state_dict(extra["quality"])
+            self.documents.use_corpus(
+                self.documents.corpus.reweighted(self.quality.weights_by_source())
+            )
         return int(state["step"])

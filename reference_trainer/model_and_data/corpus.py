@@ -78,6 +78,10 @@ class Corpus:
     def __repr__(self) -> str:
         return f"Corpus(weights={self._weights!r}, seed={self._seed!r})"
 
+    def reweighted(self, weights: Mapping[str, float]) -> Corpus:
+        """The same corpus (seed) drawing its sources by other weights."""
+        return Corpus(weights, self._seed)
+
     def document(self, index: int) -> Document:
         """The document at `index`: a pure function of (weights, seed, index)."""
         if index < 0:
