@@ -126,7 +126,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         layer_monitor=layer_monitor,
         surgeon=surgeon,
         quality=(
-            QualitySampler(quality, cfg.data.source_weights, topo.device)
+            QualitySampler(quality, cfg.data.source_weights, topo.device, last_step=cfg.steps)
             if quality.enabled
             else None
         ),

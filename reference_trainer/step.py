@@ -152,6 +152,7 @@ class Trainer:
                     loss = next_token_loss(logits, y)
                 if quality is not None and sources is not None:
                     quality.observe(logits, y, sources[micro, :, 1:])
+                del logits  # backward does not need them: free the (B, T, V) tensor now
                 scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
             local += loss.detach() / accum
         agent.after_backward()
@@ -238,12 +239,7 @@ class Trainer:
             claims += switch_claims(self.monitor.end_step(step))
         data = None
         if quality is not None and by_source is not None:
-            # From the next step on, documents are drawn by the new weights.
-            if quality.end_step(by_source, good=not skip):
-                self.documents.use_corpus(
-                    self.documents.corpus.reweighted(quality.weights_by_source())
-                )
-            data = quality.event(step, last=step == cfg.steps)
+            data = quality.after_step(self.documents, by_source, step, skipped=skip)
         counters = self.documents.take_counters()
         claims += dedup_claims(counters)
         observed = StepObserved(
@@ -422,7 +418,5 @@ class Trainer:
             self.warmup.reset()
         if self.quality is not None and extra.get("quality"):
             self.quality.load_state_dict(extra["quality"])
-            self.documents.use_corpus(
-                self.documents.corpus.reweighted(self.quality.weights_by_source())
-            )
+            self.quality.apply(self.documents)
         return int(state["step"])

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from harness.records.events import DataWeightsObserved
 from reference_trainer.model_and_data.corpus import SOURCE_NAMES
+from reference_trainer.model_and_data.data import DocumentPipeline
 from reference_trainer.stability.quality_weights import (
     QualitySamplingConfig,
     bounded_weights,
@@ -32,9 +33,16 @@ class QualitySampler:
     """Per-source loss in, the corpus's sampling weights out."""
 
     def __init__(
-        self, cfg: QualitySamplingConfig, base: Mapping[str, float], device: torch.device
+        self,
+        cfg: QualitySamplingConfig,
+        base: Mapping[str, float],
+        device: torch.device,
+        *,
+        last_step: int = 0,
     ) -> None:
         self.cfg = cfg
+        #: The run's last step, journaled whatever `journal_every` says.
+        self.last_step = last_step
         total = sum(base.values())
         self.base = [float(base.get(s, 0.0)) / total for s in SOURCE_NAMES]
         self.quality = [1.0] * len(SOURCE_NAMES)
@@ -88,6 +96,19 @@ class QualitySampler:
         changed = weights != self.weights
         self.weights = weights
         return changed
+
+    def after_step(
+        self, documents: DocumentPipeline, totals: torch.Tensor, step: int, *, skipped: bool
+    ) -> DataWeightsObserved | None:
+        """`end_step`, then the documents of the next steps drawn by the new weights; the
+        `data_weights` observation when one is due."""
+        if self.end_step(totals, good=not skipped):
+            self.apply(documents)
+        return self.event(step, last=step == self.last_step)
+
+    def apply(self, documents: DocumentPipeline) -> None:
+        """Draw the pipeline's next documents by the current weights (same position)."""
+        documents.use_corpus(documents.corpus.reweighted(self.weights_by_source()))
 
     def weights_by_source(self) -> dict[str, float]:
         """The current sampling weights of the sources in the mix (base weight > 0)."""
