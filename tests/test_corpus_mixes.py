@@ -1,5 +1,6 @@
 """Named data mixes and the two sources of the `llama` mix (web pages, encyclopedia
-articles): shares measured over many documents, style, and the ``--data-mix`` flag."""
+articles): shares measured over many documents, style, the ``--data-mix`` flag and a
+suite's ``trainer.data_mix``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.data_mixes import DATA_MIXES as SUITE_MIXES
+from harness.running.launch import reference_command
+from harness.suites.scenario import TrainerSpec
+from harness.suites.suite_loader import ScenarioError, load_suite
 from reference_trainer.cli import build_parser, settle_config
 from reference_trainer.config import DataConfig, preset
 from reference_trainer.errors import ConfigError
@@ -88,3 +93,33 @@ def test_a_resumed_run_refuses_another_mix(tmp_path: Path) -> None:
     assert _settle("--run-dir", str(tmp_path), "--resume", "--data-mix", "llama") == cfg
     with pytest.raises(ConfigError, match="--data-mix default differs"):
         _settle("--run-dir", str(tmp_path), "--resume", "--data-mix", "default")
+
+
+def test_the_suite_and_the_trainer_know_the_same_mixes() -> None:
+    assert set(SUITE_MIXES) == set(DATA_MIXES)
+    (action,) = [a for a in build_parser()._actions if "--data-mix" in a.option_strings]
+    assert set(action.choices or ()) == set(DATA_MIXES)
+
+
+def test_a_suite_names_a_mix_and_the_trainer_gets_it(tmp_path: Path) -> None:
+    spec = TrainerSpec(data_mix="llama", enable=["quality_sampling"])
+    argv = reference_command(spec, tmp_path, None)
+    assert argv[argv.index("--data-mix") + 1] == "llama"
+    assert "--data-mix" not in reference_command(TrainerSpec(), tmp_path, None)
+    assert "--data-mix" not in reference_command(spec, tmp_path, None, resume=True)
+    # The mix is part of what the run computes: another mix, another baseline.
+    assert TrainerSpec(data_mix="llama").identity() != TrainerSpec().identity()
+
+
+def test_a_suite_with_an_unknown_mix_is_refused_by_its_dotted_path(tmp_path: Path) -> None:
+    path = tmp_path / "suite.yaml"
+    path.write_text(
+        "suite: mixes\nscenarios:\n  - name: pile\n    trainer: {data_mix: pile}\n"
+        "    faults: []\n    expect: {completed: true}\n"
+    )
+    with pytest.raises(ScenarioError) as caught:
+        load_suite(path)
+    (problem,) = caught.value.problems
+    assert "trainer.data_mix" in problem and "pile" in problem and "llama" in problem
+    with pytest.raises(ValueError, match="data_mix applies to the reference trainer"):
+        TrainerSpec(data_mix="llama", command="python train.py")
