@@ -40,6 +40,8 @@ OPT_IN = {
     "(it only journals by default: docs/detectors.md)",
     "dynamic_batching": "batches of whole documents grouped by length under a token budget, "
     "padding ignored by the loss (docs/data.md)",
+    "quality_sampling": "the corpus's sampling weights follow a per-source quality score "
+    "from per-source loss, within bounds (docs/data.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

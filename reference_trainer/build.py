@@ -44,6 +44,7 @@ from reference_trainer.stability.layer_monitor import LayerMonitor
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
+from reference_trainer.stability.quality_sampling import QualitySampler
 from reference_trainer.stability.surgery import GradientSurgeon
 from reference_trainer.step import Trainer
 
@@ -90,6 +91,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
 
     documents = DocumentPipeline(corpus, wrap=agent.document_wrapper(), stages=document_stages(cfg))
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
+    quality = cfg.stability.quality_sampling
     stream: TokenStream | PackedStream
     loader: ShardedLoader | PackedLoader
     batching = cfg.data.batching
@@ -109,7 +111,12 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         )
     else:
         stream = TokenStream(
-            documents, encode, layout, window=cfg.model.block_size + 1, fallback=fallback
+            documents,
+            encode,
+            layout,
+            window=cfg.model.block_size + 1,
+            fallback=fallback,
+            tag_sources=quality.enabled,
         )
         loader = ShardedLoader(
             stream,
@@ -163,4 +170,9 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         layer_monitor=layer_monitor,
         surgeon=surgeon,
         probe=probe,
+        quality=(
+            QualitySampler(quality, cfg.data.source_weights, topo.device, last_step=cfg.steps)
+            if quality.enabled
+            else None
+        ),
     )

@@ -22,6 +22,7 @@ from reference_trainer.checkpoints.run_dir import check_resumable, check_run
 from reference_trainer.checkpoints.schedule import token_count
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError
+from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
 from reference_trainer.stability.mechanisms import StabilityConfig
 
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"switch one opt-in mechanism on (repeatable): {', '.join(OPT_IN)}",
     )
     p.add_argument(
+        "--data-mix",
+        choices=sorted(DATA_MIXES),
+        help=f"the corpus sources' shares, by name: {', '.join(DATA_MIXES)} (default: default)",
+    )
+    p.add_argument(
         "--fault-plan", type=Path, metavar="PLAN.yaml", help="inject the faults of this plan"
     )
     return p
@@ -130,6 +136,8 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
             cfg.stability.disable(name)
         for name in args.enable:
             cfg.enable(name)
+        if args.data_mix is not None:
+            cfg.data.source_weights = mix_weights(args.data_mix)
         return _apply(cfg, given)
     if (args.fragile or args.disable or args.enable) and not restart_count():
         # (A restarted worker gets the first attempt's flags again; they are settled.)
@@ -137,6 +145,11 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
             "--fragile, --disable and --enable apply to fresh runs; a resumed run keeps its own"
         )
     cfg = TrainConfig.load(args.run_dir)
+    if args.data_mix is not None and mix_weights(args.data_mix) != cfg.data.source_weights:
+        raise ConfigError(
+            f"--data-mix {args.data_mix} differs from the resumed run's source weights "
+            f"{cfg.data.source_weights}; a resumed run keeps its configuration"
+        )
     if args.preset is not None and args.preset != cfg.preset:
         raise ConfigError(
             f"--preset {args.preset} differs from the resumed run's preset {cfg.preset}"

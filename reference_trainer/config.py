@@ -15,6 +15,7 @@ from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.batching_config import BatchingConfig
 from reference_trainer.model_and_data.corpus import SOURCE_NAMES
 from reference_trainer.model_and_data.keep_whole import TokenizerConfig
+from reference_trainer.model_and_data.mixes import mix_weights
 from reference_trainer.model_and_data.model import GPTConfig
 from reference_trainer.stability.mechanisms import StabilityConfig
 
@@ -29,15 +30,9 @@ class DataConfig:
 
     seed: int = 1234
     """Seed of the generated corpus (independent of the training seed)."""
-    source_weights: dict[str, float] = field(
-        default_factory=lambda: {
-            "technical_docs": 0.4,
-            "social_chatter": 0.2,
-            "product_reviews": 0.2,
-            "code": 0.2,
-        }
-    )
-    """Share of documents drawn from each source; normalized, sources not named get 0."""
+    source_weights: dict[str, float] = field(default_factory=lambda: mix_weights("default"))
+    """Share of documents drawn from each source; normalized, sources not named get 0
+    (``--data-mix NAME`` sets a named mix: `reference_trainer.model_and_data.mixes`)."""
     tokenizer_docs: int = 1000
     """Documents from the start of the corpus used to train the BPE tokenizer."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -144,6 +139,7 @@ class TrainConfig:
                 f"steps), got {every_tokens!r}"
             )
         self.data.batching.check_fits(self.model.block_size)
+        self._check_opt_ins()
 
     def enable(self, name: str) -> None:
         """Switch on one opt-in by its name (`harness.mechanisms.OPT_IN`): dynamic batching
@@ -152,6 +148,16 @@ class TrainConfig:
             self.data.batching.enabled = True
         else:
             self.stability.enable(name)
+        self._check_opt_ins()
+
+    def _check_opt_ins(self) -> None:
+        # Quality sampling reads each token's source from the fixed-window stream; the packed
+        # stream of dynamic batching does not carry it yet.
+        if self.data.batching.enabled and self.stability.quality_sampling.enabled:
+            raise ConfigError(
+                "dynamic_batching and quality_sampling cannot be enabled together (quality "
+                "sampling needs the fixed-window stream's per-token sources)"
+            )
 
     def global_batch(self, world_size: int) -> int:
         """Sequences per optimizer step over all ranks."""

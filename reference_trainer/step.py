@@ -21,7 +21,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.inside.agent import Agent
-from harness.records.events import OMIT, Claim, Detected, Recovered, StepObserved
+from harness.records.events import (
+    OMIT,
+    Claim,
+    DataWeightsObserved,
+    Detected,
+    Recovered,
+    StepObserved,
+)
 from reference_trainer.config import TrainConfig
 from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
@@ -37,6 +44,7 @@ from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
+from reference_trainer.stability.quality_sampling import QualitySampler
 from reference_trainer.stability.surgery import GradientSurgeon
 from reference_trainer.step_claims import data_claims, scale_claims, switch_claims
 
@@ -51,6 +59,8 @@ class StepResult:
     preempted: bool = False
     #: Per-layer statistics of the step (None when no mechanism needs them).
     layers: StepStats | None = None
+    #: The corpus's sampling weights, when quality sampling journals them at this step.
+    data: DataWeightsObserved | None = None
 
     @property
     def skipped(self) -> bool:
@@ -98,6 +108,8 @@ class Trainer:
     surgeon: GradientSurgeon | None = None
     #: Counts the byte-fallback tokens of each batch (None: not counted).
     probe: FallbackProbe | None = None
+    #: Quality-weighted sampling of the corpus's sources (None when off).
+    quality: QualitySampler | None = None
     warmup: AdaptiveWarmup = field(init=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +143,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         packed = None
+        quality = self.quality  # None with dynamic batching (refused together in the config)
         if isinstance(self.loader, PackedLoader):  # dynamic batching: docs/data.md
             step_batch = self.loader.next_step()
             # Counted on the ids of the step's rows, before any bad-data fault.
@@ -146,6 +159,9 @@ class Trainer:
             fallback_tokens = OMIT if self.probe is None else self.probe.count(batch.numpy())
             batch_size_tokens = int(batch.numel())
             batch = batch.to(self.topo.device)
+            sources = self.loader.last_sources
+            if sources is not None:
+                sources = sources.to(self.topo.device)
             accum = cfg.grad_accum
             local = torch.zeros((), device=self.topo.device)
             for micro in range(accum):
@@ -153,7 +169,11 @@ class Trainer:
                 sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
                 with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
                     with self.precision.autocast():
-                        loss = next_token_loss(self.wrapped(x), y)
+                        logits = self.wrapped(x)
+                        loss = next_token_loss(logits, y)
+                    if quality is not None and sources is not None:
+                        quality.observe(logits, y, sources[micro, :, 1:])
+                    del logits  # backward does not need them: free the (B, T, V) tensor now
                     scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
                 local += loss.detach() / accum
         agent.after_backward()
@@ -168,12 +188,13 @@ class Trainer:
         )
         verdict = watch.gradients() if watch is not None else None
         repairable = verdict.repairable if verdict is not None else []
-        mean_loss, all_finite, preempted, mean_norm, repair_on, stalled = self._agree(
+        mean_loss, all_finite, preempted, mean_norm, repair_on, stalled, by_source = self._agree(
             local,
             grad_norm,
             swung=verdict is not None and verdict.skip,
             stalled=verdict is not None and verdict.stalled,
             repairable=bool(repairable),
+            extra=quality.local_totals() if quality is not None else None,
         )
         swung = repair_on.swung  # on this rank or another
         claims: list[Claim] = []
@@ -237,6 +258,9 @@ class Trainer:
         claims += scale_claims(change)
         if self.monitor is not None:
             claims += switch_claims(self.monitor.end_step(step))
+        data = None
+        if quality is not None and by_source is not None:
+            data = quality.after_step(self.documents, by_source, step, skipped=skip)
         counters = self.documents.take_counters()
         claims += data_claims(counters)
         if self.stream.fallback is not None:
@@ -271,7 +295,7 @@ class Trainer:
                 if lasted is not None:
                     ended: dict[str, Any] = {"layer": name, "steps": lasted}
                     claims.append(Recovered(action="safe_mode_ended", details=ended))
-        return StepResult(observed, claims, preempted, layers)
+        return StepResult(observed, claims, preempted, layers, data)
 
     def _operate(self, layers: list[str], step: int, loss: float) -> list[Claim]:
         """Gradient surgery on every layer whose gradient swung up or is not finite, when the
@@ -298,12 +322,14 @@ class Trainer:
         swung: bool,
         stalled: bool,
         repairable: bool,
-    ) -> tuple[float, bool, bool, float, Seen, bool]:
+        extra: torch.Tensor | None = None,
+    ) -> tuple[float, bool, bool, float, Seen, bool, torch.Tensor | None]:
         """Mean loss over ranks, whether every rank's loss and gradients are finite,
         whether any rank was asked to stop (SIGTERM), the mean gradient norm over ranks
         (meaningful when all are finite), how many ranks saw a layer's gradient swing up or
-        one surgery could repair, and whether any saw a layer stall: one collective (the
-        barrier every rank stops at), so all ranks take the same decisions."""
+        one surgery could repair, whether any saw a layer stall, and ``extra`` summed over
+        ranks: one collective (the barrier every rank stops at), so all ranks take the
+        same decisions."""
         device = local_loss.device
         finite = torch.isfinite(local_loss) & torch.tensor(math.isfinite(grad_norm), device=device)
         flags = torch.tensor(
@@ -327,6 +353,7 @@ class Trainer:
                     ]
                 ),
                 flags,
+                *([extra.to(device, local_loss.dtype)] if extra is not None else []),
             ]
         )
         if self.topo.distributed:
@@ -343,6 +370,7 @@ class Trainer:
             float(packed[4] / n),
             seen,
             bool(packed[6] > 0),
+            packed[8:] if extra is not None else None,
         )
 
     def force_fp32(self, until: int) -> None:
@@ -390,6 +418,7 @@ class Trainer:
                 "layers": self.layer_monitor.state_dict() if self.layer_monitor else {},
                 "surgery": self.surgeon.state_dict() if self.surgeon else {},
                 "adaptive_warmup": self.warmup.state_dict(),
+                "quality": self.quality.state_dict() if self.quality else {},
             },
         }
 
@@ -414,4 +443,7 @@ class Trainer:
             self.warmup.load_state_dict(extra["adaptive_warmup"])
         else:  # a checkpoint from before the mechanism existed: start the window afresh
             self.warmup.reset()
+        if self.quality is not None and extra.get("quality"):
+            self.quality.load_state_dict(extra["quality"])
+            self.quality.apply(self.documents)
         return int(state["step"])

@@ -238,6 +238,8 @@ class Run:
             agent.observe_step(result.observed)
             for claim in result.claims:
                 agent.claim(claim)
+            if result.data is not None:
+                agent.observe_data(result.data)
             failure = self._failure(step, result.skipped, loss)
             failure = failure or weights_changed(step, result.claims)
             if self.trainer.layer_monitor is not None:

@@ -55,6 +55,7 @@ from harness.inside.process_group import broadcast_text
 from harness.inside.step_evidence import grads_finite, params_finite
 from harness.records.events import (
     Claim,
+    DataWeightsObserved,
     FileLoaded,
     FileLoadFailed,
     FileSaved,
@@ -291,6 +292,10 @@ class Agent:
 
     def observe_layers(self, event: LayerStatsObserved) -> None:
         """Journal the per-layer statistics the trainer measured at this step."""
+        self.journal.emit(event.kind, self.step, **event.fields())
+
+    def observe_data(self, event: DataWeightsObserved) -> None:
+        """Journal the corpus's sampling weights the trainer set at this step."""
         self.journal.emit(event.kind, self.step, **event.fields())
 
     def observe_file(self, event: FileSaved | FileLoaded | FileLoadFailed) -> None:

@@ -150,6 +150,17 @@ class LayerStatsObserved(Reported):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DataWeightsObserved(Reported):
+    """The corpus's sampling weights and what moved them (quality-weighted sampling)."""
+
+    kind: ClassVar[str] = "data_weights"
+    weights: dict[str, float]
+    quality: dict[str, float]
+    losses: dict[str, float | None] = OMIT
+    tokens: dict[str, int] = OMIT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FileSaved(Reported):
     """The attached agent saw the trainer save a file."""
 
@@ -194,6 +205,7 @@ ALL: tuple[type[Reported], ...] = (
     Restart,
     RankLost,
     StepObserved,
+    DataWeightsObserved,
     FileSaved,
     FileLoaded,
     FileLoadFailed,

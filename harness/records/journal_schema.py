@@ -217,6 +217,32 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 anomaly=FieldSpec("bool", "Journaled because a detector fired at this step."),
             ),
         ),
+        "data_weights": (
+            "Quality-weighted sampling (reference trainer, opt-in `quality_sampling`): the "
+            "corpus's sampling weights after a step and what moved them (every few steps and "
+            "at the last).",
+            _kind(
+                weights=FieldSpec(
+                    "object",
+                    "Source -> share of the next documents drawn from it (they sum to 1).",
+                    required=True,
+                ),
+                quality=FieldSpec(
+                    "object",
+                    "Source -> quality score: moving average over good steps of the step's "
+                    "mean loss divided by the source's own (1: average; docs/data.md).",
+                    required=True,
+                ),
+                losses=FieldSpec(
+                    "object",
+                    "Source -> the step's mean loss on its tokens, over all ranks; null when "
+                    "it had too few tokens or the step was skipped.",
+                ),
+                tokens=FieldSpec(
+                    "object", "Source -> target tokens of the step's batch, over all ranks."
+                ),
+            ),
+        ),
         "checkpoint_saved": (
             "A checkpoint became durable (its `latest` pointer written).",
             _kind(

@@ -13,13 +13,15 @@ import numpy as np
 import torch
 
 from reference_trainer.config import DataConfig
-from reference_trainer.model_and_data.corpus import Corpus
+from reference_trainer.model_and_data.corpus import SOURCE_NAMES, Corpus
 from reference_trainer.model_and_data.nested import map_leaves
 from reference_trainer.model_and_data.stages import DocumentStage
 from reference_trainer.model_and_data.token_fallback import TokenFallback
 
 #: Documents tokenized together; larger batches tokenize faster, the buffer grows with it.
 _ENCODE_BATCH = 16
+#: A source's id in a stream's source tags (-1: unknown).
+_SOURCE_IDS = {name: i for i, name in enumerate(SOURCE_NAMES)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,10 @@ class DocumentPipeline:
         self.reader = _CorpusReader(self.corpus, position)
         self.stream: Any = self.wrap(self.reader) if self.wrap else self.reader
 
+    def use_corpus(self, corpus: Corpus) -> None:
+        """Read the next documents from ``corpus`` (new sampling weights), same position."""
+        self.corpus = self.reader.corpus = corpus
+
     def next_documents(self, count: int) -> list[Any]:
         """The next ``count`` documents that every stage keeps."""
         out: list[Any] = []
@@ -201,7 +207,11 @@ def to_numpy(obj: Any) -> Any:
 
 
 class TokenStream:
-    """Endless windows of ``window`` tokens cut, back to back, from the documents in order."""
+    """Endless windows of ``window`` tokens cut, back to back, from the documents in order.
+
+    With ``tag_sources``, a parallel buffer holds each token's source id (its index in
+    `SOURCE_NAMES`), and `last_sources` the ids of the windows `take` returned last.
+    """
 
     def __init__(
         self,
@@ -211,6 +221,7 @@ class TokenStream:
         window: int,
         *,
         fallback: TokenFallback | None = None,
+        tag_sources: bool = False,
     ) -> None:
         self.documents = documents
         self.encode = encode
@@ -220,6 +231,8 @@ class TokenStream:
         self.window = window
         self.windows_taken = 0
         self._buffer: list[int] = []
+        self._sources: list[int] | None = [] if tag_sources else None
+        self.last_sources: list[list[int]] = []
 
     def _refill(self) -> None:
         docs = self.documents.next_documents(_ENCODE_BATCH)
@@ -230,8 +243,11 @@ class TokenStream:
         for doc, ids in zip(docs, encoded, strict=True):
             if ids is None:  # dropped by the fallback: it never reaches the model
                 self.documents.counters.retract(doc)
-            else:
-                self._buffer.extend(self.layout.wrap(ids))
+                continue
+            tokens = self.layout.wrap(ids)
+            self._buffer.extend(tokens)
+            if self._sources is not None:
+                self._sources.extend([_SOURCE_IDS.get(doc.source, -1)] * len(tokens))
 
     def take(self, count: int) -> list[list[int]]:
         """The next ``count`` windows."""
@@ -240,6 +256,12 @@ class TokenStream:
             self._refill()
         out = [self._buffer[i * self.window : (i + 1) * self.window] for i in range(count)]
         del self._buffer[:need]
+        if self._sources is not None:
+            tags = self._sources
+            self.last_sources = [
+                tags[i * self.window : (i + 1) * self.window] for i in range(count)
+            ]
+            del tags[:need]
         self.windows_taken += count
         return out
 
@@ -249,17 +271,24 @@ class TokenStream:
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the stream: enough to continue exactly where it stopped."""
-        return {
+        state: dict[str, Any] = {
             "documents": self.documents.state_dict(),
             "windows_taken": self.windows_taken,
             "buffer": torch.tensor(self._buffer, dtype=torch.int64),
         }
+        if self._sources is not None:
+            state["sources"] = torch.tensor(self._sources, dtype=torch.int8)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position saved by `state_dict`."""
         self.documents.load_state_dict(state["documents"])
         self.windows_taken = int(state["windows_taken"])
         self._buffer = [int(t) for t in state["buffer"].tolist()]
+        if self._sources is not None:  # saved untagged: the buffered tokens' sources unknown
+            saved = state.get("sources")
+            tags = [int(t) for t in saved.tolist()] if saved is not None else []
+            self._sources = tags if len(tags) == len(self._buffer) else [-1] * len(self._buffer)
 
 
 class ShardedLoader:
@@ -278,15 +307,19 @@ class ShardedLoader:
         self.grad_accum = grad_accum
         self.rank = rank
         self.world_size = world_size
+        #: Each token's source id in the last `next_step` (a tagging stream only).
+        self.last_sources: torch.Tensor | None = None
 
     def next_step(self) -> torch.Tensor:
         """This rank's windows for one step: int64 (grad_accum, batch_size, window)."""
         per_rank = self.batch_size * self.grad_accum
         windows = self.stream.take(per_rank * self.world_size)
-        mine = windows[self.rank * per_rank : (self.rank + 1) * per_rank]
-        return torch.tensor(mine, dtype=torch.int64).view(
-            self.grad_accum, self.batch_size, self.stream.window
-        )
+        mine = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+        shape = (self.grad_accum, self.batch_size, self.stream.window)
+        if self.stream.last_sources:
+            tags = self.stream.last_sources[mine]
+            self.last_sources = torch.tensor(tags, dtype=torch.int64).view(shape)
+        return torch.tensor(windows[mine], dtype=torch.int64).view(shape)
 
     def tokens_per_step(self) -> int:
         """Tokens trained on per step over all ranks (inputs, not counting the shift)."""

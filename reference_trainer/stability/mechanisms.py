@@ -22,6 +22,7 @@ from reference_trainer.stability.layer_watch import StallConfig
 from reference_trainer.stability.loss_scale import LossScaleConfig
 from reference_trainer.stability.loss_spikes import RobustZScoreConfig, SpikeConfig
 from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
+from reference_trainer.stability.quality_weights import QualitySamplingConfig
 from reference_trainer.stability.recovery import RecoveryConfig
 from reference_trainer.stability.surgery import SurgeryConfig
 
@@ -67,6 +68,8 @@ class StabilityConfig:
     adaptive_warmup: AdaptiveWarmupConfig = field(default_factory=AdaptiveWarmupConfig)
     tokenizer_fallback: FallbackConfig = field(default_factory=FallbackConfig)
     """Re-tokenize (or drop) documents whose byte-fallback rate is over the threshold."""
+    quality_sampling: QualitySamplingConfig = field(default_factory=QualitySamplingConfig)
+    """Opt-in: the corpus's sampling weights follow a per-source quality score."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -114,6 +117,8 @@ class StabilityConfig:
         if name == "forecast_acting":
             if "forecast" in self.spikes.enabled and "forecast" not in self.spikes.acting:
                 self.spikes.acting = (*self.spikes.acting, "forecast")
+        elif name == "quality_sampling":  # needs no detector: on under --fragile too
+            self.quality_sampling.enabled = True
         else:
             raise KeyError(name)
 
