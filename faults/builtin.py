@@ -45,6 +45,7 @@ from faults.process import (
     PreemptSpec,
 )
 from faults.spec import FaultSpec
+from faults.toxic import ToxicContaminationInjector, ToxicContaminationSpec
 
 #: Every built-in kind, in the order `kinds()` gives them (the suite schema's order).
 BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
@@ -68,6 +69,7 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     (SwapSpec, SwapInjector),
     # data
     (DuplicateContaminationSpec, DuplicateContaminationInjector),
+    (ToxicContaminationSpec, ToxicContaminationInjector),
     # process: whole nodes (Docker), then single ranks' processes
     (NodeKillSpec, NodeInjector),
     (NodeStopSpec, NodeInjector),

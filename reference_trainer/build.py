@@ -30,6 +30,7 @@ from reference_trainer.model_and_data.tokenizer import (
     save_tokenizer,
     train_tokenizer,
 )
+from reference_trainer.model_and_data.toxicity import ToxicityStage
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_monitor import LayerMonitor
@@ -55,11 +56,16 @@ def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) 
     return load_tokenizer(run_dir, cfg.model.vocab_size)
 
 
-def document_stages(cfg: TrainConfig) -> list[DocumentStage]:
-    """The stages switched on, in the order a document meets them."""
+def document_stages(
+    cfg: TrainConfig, run_dir: Path | None = None, *, is_main: bool = True
+) -> list[DocumentStage]:
+    """The stages switched on, in the order a document meets them (``run_dir``: where the
+    toxicity filter's review files are; rank 0 alone writes its queue)."""
     stages: list[DocumentStage] = []
     if cfg.stability.dedup.enabled:
         stages.append(DedupStage(DuplicateFilter(cfg.stability.dedup)))
+    if cfg.stability.toxicity.enabled:
+        stages.append(ToxicityStage(cfg.stability.toxicity, run_dir=run_dir, writes_queue=is_main))
     return stages
 
 
@@ -71,7 +77,11 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
     def encode(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
-    documents = DocumentPipeline(corpus, wrap=agent.document_wrapper(), stages=document_stages(cfg))
+    documents = DocumentPipeline(
+        corpus,
+        wrap=agent.document_wrapper(),
+        stages=document_stages(cfg, run_dir, is_main=topo.is_main),
+    )
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
     stream = TokenStream(documents, encode, layout, window=cfg.model.block_size + 1)
     loader = ShardedLoader(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.checkpoints import NoCorruptCheckpointLoadedOracle
-from harness.oracles.data import ContaminationOracle
+from harness.oracles.data import ContaminationOracle, ToxicOracle
 from harness.oracles.detection import DetectedOracle, FalseAlarmsOracle
 from harness.oracles.health import (
     CompletedOracle,
@@ -35,6 +35,7 @@ __all__ = [
     "MttrOracle",
     "NoCorruptCheckpointLoadedOracle",
     "ParamsFiniteOracle",
+    "ToxicOracle",
     "build_oracles",
     "judge",
 ]
@@ -53,6 +54,7 @@ ORACLES: dict[str, type[ExpectOracle]] = {
         ContaminationOracle,
         FalseAlarmsOracle,
         LossScaleRecoveredOracle,
+        ToxicOracle,
     )
 }
 

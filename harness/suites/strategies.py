@@ -30,6 +30,7 @@ from faults.plan import FaultPlan
 from faults.registry import kinds as registered_kinds
 from faults.registry import parse_fault
 from faults.spec import FaultSpec
+from faults.toxic import KIND as TOXIC
 
 __all__ = ["bit_positions", "fault_plans", "fault_specs", "ranks", "steps"]
 
@@ -161,12 +162,20 @@ def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
             edits=st.integers(1, 5),
             pool=st.integers(1, 64),
         ),
+        TOXIC: _fields(
+            {"rate": st.sampled_from([0.2, 0.001]) | st.floats(0.001, 0.2)},
+            context=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
+        ),
     }
 
 
 #: Kinds whose own fields are drawn here: every kind but the node kinds, which act on
 #: Docker containers from outside the trainer (tests/test_fault_kinds.py pins it).
 DRAWN_KINDS = frozenset(_param_table(("*",), "float32"))
+
+
+#: Kinds that wrap the document stream (reach ``documents``): a plan holds one at most.
+DOCUMENT_KINDS = frozenset({CONTAMINATION, TOXIC})
 
 
 def _common(max_step: int, world_size: int, checkpoint_every: int | None, timed: bool) -> Fields:
@@ -195,7 +204,7 @@ def _common(max_step: int, world_size: int, checkpoint_every: int | None, timed:
 def _spec(draw: st.DrawFn, kind: str, own: Fields, common: Fields, max_step: int) -> FaultSpec:
     """One validated spec of ``kind``; a probability spec's seed is bumped until it fires."""
     data: dict[str, Any] = {"kind": kind, "seed": draw(st.integers(0, 2**32 - 1)), **draw(own)}
-    if kind == CONTAMINATION:
+    if kind in DOCUMENT_KINDS:
         data["at_step"] = 1  # the stream is contaminated from the start; ranks are ignored
     else:
         data |= draw(common)
@@ -239,7 +248,8 @@ def _plan(draw: st.DrawFn, specs: Specs, sizes: SearchStrategy[int], swarm: bool
     on = draw(st.lists(st.sampled_from(names), min_size=1, unique=True)) if swarm else names
     faults: list[FaultSpec] = []
     for _ in range(draw(sizes)):
-        once = {CONTAMINATION} & {f.kind for f in faults}  # the agent refuses a second one
+        # The agent refuses a second fault that wraps the document stream.
+        once = DOCUMENT_KINDS if DOCUMENT_KINDS & {f.kind for f in faults} else frozenset()
         pool = [k for k in on if k not in once] or [k for k in names if k not in once]
         faults.append(draw(specs[draw(st.sampled_from(pool))]))
     return FaultPlan(tuple(faults))
@@ -266,7 +276,7 @@ def fault_plans(
         raise InvalidArgument(f"swarm={swarm!r}: expected True or False")
     if min_faults > max_faults:
         raise InvalidArgument(f"min_faults={min_faults} must be <= max_faults={max_faults}")
-    most = min(max_faults, 1) if set(specs) == {CONTAMINATION} else max_faults
+    most = min(max_faults, 1) if set(specs) <= DOCUMENT_KINDS else max_faults
     if min_faults > most:
-        raise InvalidArgument(f"min_faults={min_faults}: a plan holds one {CONTAMINATION}")
+        raise InvalidArgument(f"min_faults={min_faults}: a plan holds one documents fault")
     return _plan(specs, st.integers(min_faults, most), swarm)

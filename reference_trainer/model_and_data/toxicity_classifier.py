@@ -124,7 +124,7 @@ class DetoxifyClassifier:
                 + "; ".join(missing)
                 + " (nothing is downloaded at run time; the default backend 'head' needs none)"
             )
-        self._model: Any = detoxify.Detoxify(  # type: ignore[union-attr]
+        self._model: Any = detoxify.Detoxify(
             "original", checkpoint=checkpoint, device=device, huggingface_config_path=config_dir
         )
 

@@ -26,7 +26,9 @@ TRAIN_SEED, TRAIN_SIZE = 1, 1600
 HELDOUT_SEED, HELDOUT_SIZE = 2, 600
 
 
-def fit(vectors: F32, labels: Sequence[int], *, l2: float = 1e-3, steps: int = 3000) -> tuple[F64, float]:
+def fit(
+    vectors: F32, labels: Sequence[int], *, l2: float = 1e-3, steps: int = 3000
+) -> tuple[F64, float]:
     """Weights and bias of the logistic regression that minimizes the weighted log loss."""
     x = vectors.astype(np.float64)
     y = np.asarray(labels, dtype=np.float64)
@@ -43,7 +45,9 @@ def fit(vectors: F32, labels: Sequence[int], *, l2: float = 1e-3, steps: int = 3
     return w, b
 
 
-def precision_recall(scores: Sequence[float], labels: Sequence[int], at: float) -> tuple[float, float]:
+def precision_recall(
+    scores: Sequence[float], labels: Sequence[int], at: float
+) -> tuple[float, float]:
     """Precision and recall of ``score >= at`` as the toxic call (nan when undefined)."""
     called = np.asarray(scores) >= at
     truth = np.asarray(labels) == 1
@@ -72,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     probe = LogisticHead(w, b, {})
     scores = probe.probabilities(x_held).tolist()
     labels = [i.label for i in heldout]
-    meta = {
+    meta: dict[str, float] = {
         "train_seed": TRAIN_SEED,
         "train_size": TRAIN_SIZE,
         "heldout_seed": HELDOUT_SEED,
@@ -82,7 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         precision, recall = precision_recall(scores, labels, at)
         meta[f"heldout_precision_{tag}"], meta[f"heldout_recall_{tag}"] = precision, recall
         print(f"held-out at {at}: precision {precision:.3f} recall {recall:.3f}")
-    train_p, train_r = precision_recall(probe.probabilities(x_train).tolist(), [i.label for i in train], 0.8)
+    train_p, train_r = precision_recall(
+        probe.probabilities(x_train).tolist(), [i.label for i in train], 0.8
+    )
     print(f"train at 0.8: precision {train_p:.3f} recall {train_r:.3f}")
     LogisticHead(w, b, meta).save(args.out)
     print(f"wrote {args.out}")

@@ -12,6 +12,7 @@ from harness.mechanisms import TRAINER_MECHANISMS
 from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
+from reference_trainer.model_and_data.toxicity import ToxicityConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
 from reference_trainer.stability.clipping import ClipConfig
@@ -60,6 +61,8 @@ class StabilityConfig:
     """The cosine decays to this fraction of the peak learning rate and the last 20% of the
     run trains there (0: it decays to zero and the tail trains nothing)."""
     adaptive_warmup: AdaptiveWarmupConfig = field(default_factory=AdaptiveWarmupConfig)
+    toxicity: ToxicityConfig = field(default_factory=ToxicityConfig)
+    """The three-tier toxicity filter (docs/data.md): lexicon, classifier, review queue."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -96,6 +99,8 @@ class StabilityConfig:
             self.preemption = False
         elif name == "lr_floor":
             self.lr_floor = 0.0
+        elif name == "toxicity_filter":
+            self.toxicity.enabled = False
         else:
             raise KeyError(name)
 
