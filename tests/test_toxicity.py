@@ -70,8 +70,12 @@ def test_only_flagged_documents_are_scored_and_scores_decide() -> None:
     stage = ToxicityStage(ToxicityConfig(), classifier=tier2)
     assert reasons(stage.check_batch(DOCS)) == ["kept", "toxic", "held", "kept", "kept", "kept"]
     # Tier 2 read the sentence with the hit, never an unflagged document.
-    assert tier2.seen == ["you are an idiot.", "connect a dumb terminal to the serial port.",
-                          "use kill -9 on the stuck process.", "skillful people kill bugs early."]  # fmt: skip
+    assert tier2.seen == [
+        "you are an idiot.",
+        "connect a dumb terminal to the serial port.",
+        "use kill -9 on the stuck process.",
+        "skillful people kill bugs early.",
+    ]
     assert (stage.stats["flagged"], stage.stats["toxic"], stage.stats["held"]) == (4, 1, 1)
 
 
@@ -100,15 +104,17 @@ def test_ambiguous_documents_are_queued_once_by_rank_zero(tmp_path: Path) -> Non
     (entry,) = read_queue(layout.review_queue)
     assert (entry.index, entry.source, entry.score) == (2, "social_chatter", 0.5)
     assert entry.id == document_id(2, DOCS[2].text) and "dumb terminal" in entry.excerpt
-    other = ToxicityStage(ToxicityConfig(), run_dir=tmp_path / "r1", writes_queue=False,
-                          classifier=Scripted())  # fmt: skip
+    other = ToxicityStage(
+        ToxicityConfig(), run_dir=tmp_path / "r1", writes_queue=False, classifier=Scripted()
+    )
     other.check_batch(DOCS)
     assert not RunLayout(tmp_path / "r1").review_queue.exists()
 
 
 def test_ambiguous_documents_may_be_trained_on_while_queued(tmp_path: Path) -> None:
-    stage = ToxicityStage(ToxicityConfig(hold_ambiguous=False), run_dir=tmp_path,
-                          classifier=Scripted())  # fmt: skip
+    stage = ToxicityStage(
+        ToxicityConfig(hold_ambiguous=False), run_dir=tmp_path, classifier=Scripted()
+    )
     assert reasons(stage.check_batch(DOCS))[2] == "kept"
     assert len(read_queue(RunLayout(tmp_path).review_queue)) == 1
 
@@ -131,9 +137,14 @@ def test_decisions_are_honoured_when_the_stage_is_rebuilt(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("backend", "roberta"), ("drop_above", 1.5), ("keep_below", 0.9), ("enabled", "yes"),
-     ("max_sentence_words", 2)],
-)  # fmt: skip
+    [
+        ("backend", "roberta"),
+        ("drop_above", 1.5),
+        ("keep_below", 0.9),
+        ("enabled", "yes"),
+        ("max_sentence_words", 2),
+    ],
+)
 def test_bad_settings_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"stability\.toxicity\.{field}"):
         ToxicityConfig(**{field: value})  # type: ignore[arg-type]
