@@ -23,7 +23,7 @@ TRAINER_MECHANISMS = {
     "underflow": "a layer that stopped updating is detected; fp16 raises the loss scale",
     "surgery": "repair a layer's swung gradient instead of skipping the step",
     "adaptive_warmup": "a noisy start (erratic gradient norms) warms up at a lower learning rate",
-    "toxicity_filter": "drop toxic documents (lexicon, then classifier), hold unclear ones for review",
+    "toxicity_filter": "drop toxic documents (lexicon, classifier), hold unclear ones for review",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.
