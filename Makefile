@@ -43,7 +43,7 @@ test: lint browser
 	$(BIN)/python -m pytest
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
-## mechanism overhead, loss-spike detector precision (benchmarks/results/*.json)
+## mechanism overhead, loss-spike detector precision, toxicity filter (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
 	$(BIN)/python benchmarks/checkpoint.py
@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/mechanisms.py
 	$(BIN)/python benchmarks/diagnosis.py
 	$(BIN)/python benchmarks/spike_detectors.py
+	$(BIN)/python benchmarks/toxicity.py
 
 ## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)
 fuzz: $(STAMP)
