@@ -13,8 +13,11 @@ Decisions are read once, when the stage is built (a start or a resume). A docume
 decision is not scored: accepted, it is trained on; rejected, it is dropped ("rejected").
 The stream only moves forward, so a decision takes effect when the document is met again:
 after a resume or a rollback to a checkpoint from before it, or in a new run over the same
-data. Verdicts depend only on the document and the decisions read at start, never on how
-the stream was batched, so the stage's state is its counters alone.
+data. Verdicts depend only on the document and the decisions read at start, so the
+stage's state is its counters alone. (One caveat: the embedding of a sentence moves by
+~1e-7 with the padding of the batch it is embedded in, so a score that close to a
+threshold could flip under another batching; a resumed run repeats the calls of the run
+it continues, so its batches, and its verdicts, are the same.)
 """
 
 from __future__ import annotations
