@@ -37,7 +37,7 @@ def run_dir(tmp_path: Path) -> Path:
     RunLayout(tmp_path).config.write_text("{}")
     docs = [
         StreamDocument(3, "social_chatter", "This thread is so dumb, honestly."),
-        StreamDocument(8, "product_reviews", "The app is useless after the update."),
+        StreamDocument(8, "product_reviews", "The update is dumb, the app froze."),
         StreamDocument(9, "code", "def f(): return 1"),
     ]
     stage = ToxicityStage(ToxicityConfig(), run_dir=tmp_path, classifier=Middling())
@@ -71,7 +71,7 @@ def test_decisions_are_recorded_and_honoured_on_resume(run_dir: Path) -> None:
     resumed = ToxicityStage(ToxicityConfig(), run_dir=run_dir, classifier=Middling())
     docs = [
         StreamDocument(3, "social_chatter", "This thread is so dumb, honestly."),
-        StreamDocument(8, "product_reviews", "The app is useless after the update."),
+        StreamDocument(8, "product_reviews", "The update is dumb, the app froze."),
     ]
     assert [v.reason for v in resumed.check_batch(docs)] == ["kept", "rejected"]
 
