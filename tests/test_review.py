@@ -54,7 +54,7 @@ def test_lists_the_queue(run_dir: Path) -> None:
     code, out, _ = tightrope("review", str(run_dir))
     assert code == 0
     first, second = queued_ids(run_dir)
-    assert first in out and "social_chatter" in out and "0.50" in out and "so dumb" in out
+    assert first in out and "social_chatter" in out and "0.500" in out and "so dumb" in out
     assert second in out and out.strip().endswith("2 held, 2 undecided")
 
 

@@ -68,7 +68,7 @@ def _review(args: argparse.Namespace) -> int:
         if len(excerpt) > _EXCERPT:
             excerpt = excerpt[: _EXCERPT - 3] + "..."
         said: str = decisions.get(entry.id) or "-"
-        print(f"{entry.id:<16} {entry.source:<16} {entry.score:5.2f}  {said:<8} {excerpt}")
+        print(f"{entry.id:<16} {entry.source:<16} {entry.score:5.3f}  {said:<8} {excerpt}")
     pending = sum(entry.id not in decisions for entry in queue)
     print(f"{len(queue)} held, {pending} undecided")
     return 0
