@@ -11,7 +11,11 @@ import pytest
 
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data import embeddings
-from reference_trainer.model_and_data.toxicity import ToxicityConfig, build_classifier
+from reference_trainer.model_and_data.toxicity import (
+    ToxicityConfig,
+    ToxicityStage,
+    build_classifier,
+)
 from reference_trainer.model_and_data.toxicity_classifier import (
     DetoxifyClassifier,
     LogisticHead,
@@ -81,6 +85,8 @@ def test_a_missing_or_malformed_head_is_a_clear_error(tmp_path: Path) -> None:
 def test_detoxify_without_local_files_names_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"detoxify_checkpoint=None.*detoxify_config_dir"):
         build_classifier(ToxicityConfig(backend="detoxify"))
+    with pytest.raises(ConfigError, match="detoxify"):  # when the stage is built: at start
+        ToxicityStage(ToxicityConfig(backend="detoxify"))
     ckpt = tmp_path / "toxic_original.ckpt"
     ckpt.write_bytes(b"")
     with pytest.raises(ConfigError) as caught:

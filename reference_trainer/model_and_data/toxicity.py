@@ -141,6 +141,10 @@ class ToxicityStage:
     ) -> None:
         self.config = config
         self.matcher = PatternMatcher()
+        # Built now, so a missing head file or detoxify checkpoint stops the run at its
+        # start; the embedding model itself loads on the first flagged document.
+        if classifier is None and config.enabled:
+            classifier = build_classifier(config)
         self._classifier = classifier
         layout = RunLayout(run_dir) if run_dir is not None else None
         self.queue_path = layout.review_queue if layout and writes_queue else None
@@ -152,8 +156,7 @@ class ToxicityStage:
 
     @property
     def classifier(self) -> ToxicityClassifier:
-        """Tier 2, built on first need: a run whose documents never hit the lexicon never
-        loads the embedding model."""
+        """Tier 2 (a run whose documents never hit the lexicon never loads its model)."""
         if self._classifier is None:
             self._classifier = build_classifier(self.config)
         return self._classifier
