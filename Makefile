@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/mechanisms.py
 	$(BIN)/python benchmarks/diagnosis.py
 	$(BIN)/python benchmarks/spike_detectors.py
+	$(BIN)/python benchmarks/semantic_dedup.py
 	$(BIN)/python benchmarks/toxicity.py
 
 ## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)

@@ -36,6 +36,7 @@ from faults.numeric import (
     NanGradInjector,
     NanGradSpec,
 )
+from faults.paraphrase import ParaphraseContaminationInjector, ParaphraseContaminationSpec
 from faults.process import (
     HangInjector,
     HangSpec,
@@ -69,6 +70,7 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     (SwapSpec, SwapInjector),
     # data
     (DuplicateContaminationSpec, DuplicateContaminationInjector),
+    (ParaphraseContaminationSpec, ParaphraseContaminationInjector),
     (ToxicContaminationSpec, ToxicContaminationInjector),
     # process: whole nodes (Docker), then single ranks' processes
     (NodeKillSpec, NodeInjector),

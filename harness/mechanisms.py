@@ -16,6 +16,7 @@ TRAINER_MECHANISMS = {
     "async": "background checkpoint persistence",
     "recovery": "the three-level recovery policy",
     "dedup": "the streaming duplicate filter",
+    "semantic_dedup": "paraphrases of kept documents dropped (sentence embeddings of candidates)",
     "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
     "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
     "lr_floor": "the last 20% trains at a small learning rate (10% of the peak), not at zero",

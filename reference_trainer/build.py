@@ -22,8 +22,10 @@ from reference_trainer.model_and_data.data import (
     TokenStream,
 )
 from reference_trainer.model_and_data.dedup import DuplicateFilter
+from reference_trainer.model_and_data.embeddings import SentenceEmbedder
 from reference_trainer.model_and_data.model import GPT, Block
 from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
+from reference_trainer.model_and_data.semantic_dedup import SemanticDedupStage
 from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
 from reference_trainer.model_and_data.tokenizer import (
     load_tokenizer,
@@ -62,10 +64,17 @@ def document_stages(
     """The stages switched on, in the order a document meets them (``run_dir``: where the
     toxicity filter's review files are; rank 0 alone writes its queue)."""
     stages: list[DocumentStage] = []
+    # One embedding model for every stage that needs one, loaded on the first use of any.
+    embedder = SentenceEmbedder()
     if cfg.stability.dedup.enabled:
         stages.append(DedupStage(DuplicateFilter(cfg.stability.dedup)))
+    if cfg.stability.semantic_dedup.enabled:
+        stages.append(SemanticDedupStage(cfg.stability.semantic_dedup, embedder))
     if cfg.stability.toxicity.enabled:
-        stages.append(ToxicityStage(cfg.stability.toxicity, run_dir=run_dir, writes_queue=is_main))
+        toxicity = cfg.stability.toxicity
+        stages.append(
+            ToxicityStage(toxicity, run_dir=run_dir, writes_queue=is_main, embedder=embedder)
+        )
     return stages
 
 

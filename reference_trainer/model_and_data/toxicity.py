@@ -37,6 +37,7 @@ from harness.records.review import (
     read_queue,
 )
 from harness.run_layout import RunLayout
+from reference_trainer.model_and_data.embeddings import SentenceEmbedder
 from reference_trainer.model_and_data.stages import KEPT, StageVerdict
 from reference_trainer.model_and_data.toxicity_classifier import (
     DetoxifyClassifier,
@@ -95,11 +96,14 @@ class ToxicityConfig:
             )
 
 
-def build_classifier(config: ToxicityConfig) -> ToxicityClassifier:
-    """The configured tier-2 backend (the head is read now; the embedder loads on first use)."""
+def build_classifier(
+    config: ToxicityConfig, embedder: SentenceEmbedder | None = None
+) -> ToxicityClassifier:
+    """The configured tier-2 backend (the head is read now; the embedder loads on first use;
+    ``embedder``: one shared with other stages)."""
     if config.backend == "detoxify":
         return DetoxifyClassifier(config.detoxify_checkpoint, config.detoxify_config_dir)
-    return EmbeddingHeadClassifier(LogisticHead.load())
+    return EmbeddingHeadClassifier(LogisticHead.load(), embedder)
 
 
 def hit_sentences(text: str, hits: Sequence[Hit], max_words: int) -> list[str]:
@@ -138,13 +142,14 @@ class ToxicityStage:
         run_dir: Path | None = None,
         writes_queue: bool = True,
         classifier: ToxicityClassifier | None = None,
+        embedder: SentenceEmbedder | None = None,
     ) -> None:
         self.config = config
         self.matcher = PatternMatcher()
         # Built now, so a missing head file or detoxify checkpoint stops the run at its
         # start; the embedding model itself loads on the first flagged document.
         if classifier is None and config.enabled:
-            classifier = build_classifier(config)
+            classifier = build_classifier(config, embedder)
         self._classifier = classifier
         layout = RunLayout(run_dir) if run_dir is not None else None
         self.queue_path = layout.review_queue if layout and writes_queue else None

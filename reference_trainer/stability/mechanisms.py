@@ -12,6 +12,7 @@ from harness.mechanisms import TRAINER_MECHANISMS
 from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
+from reference_trainer.model_and_data.semantic_dedup import SemanticDedupConfig
 from reference_trainer.model_and_data.toxicity import ToxicityConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
@@ -46,6 +47,9 @@ class StabilityConfig:
     )
     """Word 3-grams and Jaccard 0.5 catch light edits of short documents too (at 5-grams
     and 0.8 most copies under 100 words slip through); 50,000 documents bound the index."""
+    semantic_dedup: SemanticDedupConfig = field(default_factory=SemanticDedupConfig)
+    """After the hash filter: paraphrases, found by sentence embeddings of word-similar
+    candidates (docs/data.md)."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     preemption: bool = True
     """On SIGTERM, save an emergency checkpoint at the next step boundary, then exit."""
@@ -78,6 +82,7 @@ class StabilityConfig:
             "clipping",
             "recovery",
             "dedup",
+            "semantic_dedup",
             "layer_stats",
             "underflow",
             "surgery",
