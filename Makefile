@@ -43,8 +43,8 @@ test: lint browser
 	$(BIN)/python -m pytest
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
-## mechanism overhead, loss-spike detector precision, duplicate filter speed and F1
-## (benchmarks/results/*.json)
+## mechanism overhead, loss-spike detector precision, duplicate filter speed and F1,
+## toxicity filter (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
 	$(BIN)/python benchmarks/checkpoint.py
@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/spike_detectors.py
 	$(BIN)/python benchmarks/semantic_dedup.py
 	$(BIN)/python benchmarks/dedup.py
+	$(BIN)/python benchmarks/toxicity.py
 
 ## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)
 fuzz: $(STAMP)

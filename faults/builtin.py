@@ -47,6 +47,7 @@ from faults.process import (
 )
 from faults.spec import FaultSpec
 from faults.tokenizer_stress import TokenizerStressInjector, TokenizerStressSpec
+from faults.toxic import ToxicContaminationInjector, ToxicContaminationSpec
 
 #: Every built-in kind, in the order `kinds()` gives them (the suite schema's order).
 BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
@@ -72,6 +73,7 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     (DuplicateContaminationSpec, DuplicateContaminationInjector),
     (ParaphraseContaminationSpec, ParaphraseContaminationInjector),
     (TokenizerStressSpec, TokenizerStressInjector),
+    (ToxicContaminationSpec, ToxicContaminationInjector),
     # process: whole nodes (Docker), then single ranks' processes
     (NodeKillSpec, NodeInjector),
     (NodeStopSpec, NodeInjector),

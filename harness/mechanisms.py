@@ -26,6 +26,7 @@ TRAINER_MECHANISMS = {
     "adaptive_warmup": "a noisy start (erratic gradient norms) warms up at a lower learning rate",
     "tokenizer_fallback": "a document with over 5% byte-fallback tokens is repaired and "
     "tokenized again, or dropped",
+    "toxicity_filter": "drop toxic documents (lexicon, classifier), hold unclear ones for review",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

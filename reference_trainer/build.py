@@ -23,6 +23,7 @@ from reference_trainer.model_and_data.data import (
     TokenStream,
 )
 from reference_trainer.model_and_data.dedup import DuplicateFilter
+from reference_trainer.model_and_data.embeddings import SentenceEmbedder
 from reference_trainer.model_and_data.keep_whole import keep_whole
 from reference_trainer.model_and_data.model import GPT, Block
 from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
@@ -38,6 +39,7 @@ from reference_trainer.model_and_data.tokenizer import (
     save_tokenizer,
     train_tokenizer,
 )
+from reference_trainer.model_and_data.toxicity import ToxicityStage
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_monitor import LayerMonitor
@@ -66,13 +68,27 @@ def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) 
     return load_tokenizer(run_dir, cfg.model.vocab_size)
 
 
-def document_stages(cfg: TrainConfig) -> list[DocumentStage]:
-    """The stages switched on, in the order a document meets them."""
+def document_stages(
+    cfg: TrainConfig,
+    run_dir: Path | None = None,
+    *,
+    is_main: bool = True,
+    embedder: SentenceEmbedder | None = None,
+) -> list[DocumentStage]:
+    """The stages switched on, in the order a document meets them (``run_dir``: where the
+    toxicity filter's review files are; rank 0 alone writes its queue). ``embedder``: the
+    one embedding model every stage that needs one shares, loaded on the first use of any."""
     stages: list[DocumentStage] = []
+    embedder = embedder or SentenceEmbedder()
     if cfg.stability.dedup.enabled:
         stages.append(DedupStage(DuplicateFilter(cfg.stability.dedup)))
     if cfg.stability.semantic_dedup.enabled:
-        stages.append(SemanticDedupStage(cfg.stability.semantic_dedup))
+        stages.append(SemanticDedupStage(cfg.stability.semantic_dedup, embedder))
+    if cfg.stability.toxicity.enabled:
+        toxicity = cfg.stability.toxicity
+        stages.append(
+            ToxicityStage(toxicity, run_dir=run_dir, writes_queue=is_main, embedder=embedder)
+        )
     return stages
 
 
@@ -89,7 +105,12 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
     probe = FallbackProbe.of(tokenizer, fallback_cfg.max_digit_run)
     fallback = TokenFallback(fallback_cfg, probe) if fallback_cfg.enabled else None
 
-    documents = DocumentPipeline(corpus, wrap=agent.document_wrapper(), stages=document_stages(cfg))
+    embedder = SentenceEmbedder()
+    documents = DocumentPipeline(
+        corpus,
+        wrap=agent.document_wrapper(),
+        stages=document_stages(cfg, run_dir, is_main=topo.is_main, embedder=embedder),
+    )
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
     quality = cfg.stability.quality_sampling
     stream: TokenStream | PackedStream
@@ -156,6 +177,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
     return Trainer(
         cfg=cfg,
         topo=topo,
+        embedder=embedder,
         model=model,
         wrapped=wrapped,
         optimizer=optimizer,

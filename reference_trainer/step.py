@@ -32,6 +32,7 @@ from harness.records.events import (
 from reference_trainer.config import TrainConfig
 from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
+from reference_trainer.model_and_data.embeddings import SentenceEmbedder
 from reference_trainer.model_and_data.model import GPT, next_token_loss
 from reference_trainer.model_and_data.optim import layer_of, lr_at
 from reference_trainer.model_and_data.token_fallback import FallbackProbe, fallback_claims
@@ -104,6 +105,8 @@ class Trainer:
     layers: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict)
     #: Per-layer statistics and what judges them (None when nothing needs them).
     layer_monitor: LayerMonitor | None = None
+    #: The embedding model the data stages share (loaded on first use, if ever).
+    embedder: SentenceEmbedder | None = None
     #: Repairs a swung gradient instead of skipping the step (None when off).
     surgeon: GradientSurgeon | None = None
     #: Counts the byte-fallback tokens of each batch (None: not counted).

@@ -132,6 +132,9 @@ class Run:
             if watchdog.enabled
             else None
         )
+        if self.heartbeat is not None and self.trainer.embedder is not None:
+            # Loading the embedding model mid-step takes seconds: not a hang.
+            self.trainer.embedder.around_load = self.heartbeat.slow
 
     # -- state -------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.checkpoints import NoCorruptCheckpointLoadedOracle
-from harness.oracles.data import ContaminationOracle
+from harness.oracles.data import ContaminationOracle, ToxicOracle
 from harness.oracles.detection import DetectedOracle, FalseAlarmsOracle
 from harness.oracles.fallback import FallbackRateOracle
 from harness.oracles.health import (
@@ -37,6 +37,7 @@ __all__ = [
     "MttrOracle",
     "NoCorruptCheckpointLoadedOracle",
     "ParamsFiniteOracle",
+    "ToxicOracle",
     "build_oracles",
     "judge",
 ]
@@ -56,6 +57,7 @@ ORACLES: dict[str, type[ExpectOracle]] = {
         FalseAlarmsOracle,
         LossScaleRecoveredOracle,
         FallbackRateOracle,
+        ToxicOracle,
     )
 }
 

@@ -45,3 +45,35 @@ class ContaminationOracle(ExpectOracle):
             detail=f"{consumed} contaminated of {docs} documents trained on",
             docs=docs,
         )
+
+
+@dataclass(frozen=True)
+class ToxicOracle(ExpectOracle):
+    """At most this many injected toxic documents entered training, on all ranks."""
+
+    name = "max_toxic_consumed"
+    bound: int = 0
+
+    @classmethod
+    def from_expect(cls, value: Any) -> ToxicOracle:
+        """From ``max_toxic_consumed: N``."""
+        return cls(bound=int(value))
+
+    def judge(self, evidence: Evidence) -> Check:
+        """``contaminated_kinds["toxic"]`` summed over every step of every rank and attempt."""
+        expected = f"<= {self.bound} docs"
+        steps = evidence.journal.of_kind("step")
+        reported = [e for e in steps if isinstance(e.get("contaminated_kinds"), dict)]
+        if not reported:
+            what = "no step reports contaminated_kinds" if steps else "no step was reported"
+            return self.not_judged(f"never observed: {what}", unit="docs", expected=expected)
+        consumed = sum(_count(e.get("contaminated_kinds").get("toxic")) for e in reported)
+        docs = sum(_count(e.get("docs")) for e in steps)
+        return self.verdict(
+            consumed <= self.bound,
+            consumed,
+            unit="docs",
+            expected=expected,
+            detail=f"{consumed} toxic of {docs} documents trained on",
+            docs=docs,
+        )

@@ -246,6 +246,7 @@ class Expect(_Model):
     max_fallback_rate: float | None = Field(
         default=None, ge=0, le=1, description="Largest share of byte-fallback tokens trained on."
     )
+    max_toxic_consumed: int | None = Field(default=None, ge=0)
 
     def checks(self) -> list[str]:
         """Names of the checks asked for (a value of false or null asks for none)."""

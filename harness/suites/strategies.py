@@ -173,6 +173,10 @@ def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
             kinds=st.lists(st.sampled_from(STRESS_KINDS), min_size=1, unique=True),
             words=st.sampled_from([4, 1000]) | st.integers(4, 1000),
         ),
+        "toxic_contamination": _fields(
+            {"rate": st.sampled_from([0.2, 0.001]) | st.floats(0.001, 0.2)},
+            context=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
+        ),
     }
 
 

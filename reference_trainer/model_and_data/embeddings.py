@@ -11,9 +11,11 @@ gives the same vectors (a resumed run repeats the calls of the run it continues)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +76,8 @@ class SentenceEmbedder:
         self.device = device
         self._model: Any = None
         self.texts_embedded = 0
+        #: Wraps the model's load (seconds long): the trainer hands its watchdog's grace.
+        self.around_load: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
 
     @property
     def loaded(self) -> bool:
@@ -99,7 +103,8 @@ class SentenceEmbedder:
         if not texts:
             return np.zeros((0, DIM), dtype=np.float32)
         if self._model is None:
-            self._model = self._load()
+            with self.around_load():
+                self._model = self._load()
         # The model's tokenizer refuses a string that is not valid Unicode (lone surrogates:
         # undecodable input bytes); they become "?", as a lenient decoder would make them.
         valid = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]

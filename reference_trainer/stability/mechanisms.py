@@ -14,6 +14,7 @@ from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
 from reference_trainer.model_and_data.semantic_dedup import SemanticDedupConfig
 from reference_trainer.model_and_data.token_fallback import FallbackConfig
+from reference_trainer.model_and_data.toxicity import ToxicityConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
 from reference_trainer.stability.clipping import ClipConfig
@@ -70,6 +71,8 @@ class StabilityConfig:
     """Re-tokenize (or drop) documents whose byte-fallback rate is over the threshold."""
     quality_sampling: QualitySamplingConfig = field(default_factory=QualitySamplingConfig)
     """Opt-in: the corpus's sampling weights follow a per-source quality score."""
+    toxicity: ToxicityConfig = field(default_factory=ToxicityConfig)
+    """The three-tier toxicity filter (docs/data.md): lexicon, classifier, review queue."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -108,6 +111,8 @@ class StabilityConfig:
             self.preemption = False
         elif name == "lr_floor":
             self.lr_floor = 0.0
+        elif name == "toxicity_filter":
+            self.toxicity.enabled = False
         else:
             raise KeyError(name)
 
