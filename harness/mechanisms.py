@@ -23,6 +23,8 @@ TRAINER_MECHANISMS = {
     "underflow": "a layer that stopped updating is detected; fp16 raises the loss scale",
     "surgery": "repair a layer's swung gradient instead of skipping the step",
     "adaptive_warmup": "a noisy start (erratic gradient norms) warms up at a lower learning rate",
+    "replica_check": "ranks compare a fingerprint of their parameters; a mismatch restores a "
+    "checkpoint",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

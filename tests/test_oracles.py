@@ -322,6 +322,7 @@ def _ask_everything() -> Expect:
         max_contamination_consumed=0,
         max_false_alarms=0,
         loss_scale_recovered=True,
+        replicas_consistent=True,
     )
 
 
@@ -349,6 +350,7 @@ def test_judge_on_a_handled_fault(tmp_path: Path) -> None:
         "max_contamination_consumed": "not judged",  # the synthetic steps report no docs
         "max_false_alarms": "passed",
         "loss_scale_recovered": "not judged",  # an fp32 run
+        "replicas_consistent": "not judged",  # one rank
     }
 
 

@@ -19,6 +19,7 @@ from harness.oracles.health import (
     ParamsFiniteOracle,
 )
 from harness.oracles.recovery import LostStepsOracle, MttrOracle
+from harness.oracles.replicas import ReplicasConsistentOracle
 from harness.oracles.verdict import Check, Evidence, Oracle
 from harness.suites.scenario import Expect
 
@@ -35,6 +36,7 @@ __all__ = [
     "MttrOracle",
     "NoCorruptCheckpointLoadedOracle",
     "ParamsFiniteOracle",
+    "ReplicasConsistentOracle",
     "build_oracles",
     "judge",
 ]
@@ -53,6 +55,7 @@ ORACLES: dict[str, type[ExpectOracle]] = {
         ContaminationOracle,
         FalseAlarmsOracle,
         LossScaleRecoveredOracle,
+        ReplicasConsistentOracle,
     )
 }
 

@@ -228,6 +228,7 @@ class Expect(_Model):
     max_contamination_consumed: int | None = Field(default=None, ge=0)
     max_false_alarms: int | None = Field(default=None, ge=0)
     loss_scale_recovered: LossScaleExpect | bool | None = None
+    replicas_consistent: bool | None = None
 
     def checks(self) -> list[str]:
         """Names of the checks asked for (a value of false or null asks for none)."""

@@ -21,6 +21,7 @@ from reference_trainer.stability.loss_scale import LossScaleConfig
 from reference_trainer.stability.loss_spikes import RobustZScoreConfig, SpikeConfig
 from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
 from reference_trainer.stability.recovery import RecoveryConfig
+from reference_trainer.stability.replicas import ReplicaCheckConfig
 from reference_trainer.stability.surgery import SurgeryConfig
 
 
@@ -60,6 +61,8 @@ class StabilityConfig:
     """The cosine decays to this fraction of the peak learning rate and the last 20% of the
     run trains there (0: it decays to zero and the tail trains nothing)."""
     adaptive_warmup: AdaptiveWarmupConfig = field(default_factory=AdaptiveWarmupConfig)
+    replica_check: ReplicaCheckConfig = field(default_factory=ReplicaCheckConfig)
+    """Ranks compare a fingerprint of their parameters; a mismatch restores a checkpoint."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -79,6 +82,7 @@ class StabilityConfig:
             "underflow",
             "surgery",
             "adaptive_warmup",
+            "replica_check",
         ):
             getattr(self, name).enabled = False
         elif name == "spikes":
