@@ -6,8 +6,8 @@ recovery answers by restoring the last checkpoint on every rank.
 The fingerprint is the agent's (`harness.inside.step_evidence.params_fingerprint`: per
 tensor the sum of its elements' bit patterns, hashed), all-gathered as one int64 per rank.
 The rank that differs is one not holding the most common fingerprint; when two are equally
-common (two ranks that disagree) every rank is named. Checkpoints are written only after a check at their step passed, so the one
-recovery restores was taken from agreeing replicas.
+common (two ranks that disagree) every rank is named. Checkpoints are written only after a
+check at their step passed, so the one recovery restores was taken from agreeing replicas.
 """
 
 from __future__ import annotations
