@@ -27,6 +27,8 @@ TRAINER_MECHANISMS = {
     "tokenizer_fallback": "a document with over 5% byte-fallback tokens is repaired and "
     "tokenized again, or dropped",
     "toxicity_filter": "drop toxic documents (lexicon, classifier), hold unclear ones for review",
+    "replica_check": "ranks compare a fingerprint of their parameters; a mismatch restores a "
+    "checkpoint",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

@@ -28,6 +28,7 @@ from reference_trainer.stability.layer_diagnosis import DiagnosisReport
 from reference_trainer.stability.loss_spikes import SpikeMonitor
 from reference_trainer.stability.recovery import Failure, RecoveryPolicy
 from reference_trainer.stability.recovery_run import RecoveryRun
+from reference_trainer.stability.replicas import compare_replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,8 +244,10 @@ class Run:
                 agent.claim(claim)
             if result.data is not None:
                 agent.observe_data(result.data)
+            # Every rank compares (a collective) before any other failure is looked at.
+            diverged = self._replicas_diverged(step, last)
             failure = self._failure(step, result.skipped, loss)
-            failure = failure or weights_changed(step, result.claims)
+            failure = failure or weights_changed(step, result.claims) or diverged
             if self.trainer.layer_monitor is not None:
                 journal_layers(
                     agent,
@@ -305,6 +308,22 @@ class Run:
         if done == cfg.steps:
             return done, loss, "completed", ""
         return done, loss, "stopped", f"stopped after step {done} as asked"
+
+    def _replicas_diverged(self, step: int, last: int) -> Failure | None:
+        """On check steps and before every save: do the ranks hold the same parameters?"""
+        cfg = self.cfg.stability.replica_check
+        due = step % cfg.every == 0 or step % self.cfg.checkpoint_every == 0 or step == last
+        if not (cfg.enabled and due):
+            return None
+        divergence = compare_replicas(self.trainer.model, self.topo)
+        if divergence is None:
+            return None
+        details = {
+            "differing_ranks": divergence.ranks,
+            "fingerprints": {str(r): fp for r, fp in divergence.fingerprints.items()},
+        }
+        self.agent.claim(Detected(detector="replica_divergence", details=details))
+        return Failure(step, "replicas_diverged", details)
 
     def _beat(self, step: int) -> None:
         if self.heartbeat is not None:

@@ -323,6 +323,8 @@ def _ask_everything() -> Expect:
         max_false_alarms=0,
         loss_scale_recovered=True,
         max_fallback_rate=0.01,
+        max_toxic_consumed=0,
+        replicas_consistent=True,
     )
 
 
@@ -351,6 +353,8 @@ def test_judge_on_a_handled_fault(tmp_path: Path) -> None:
         "max_false_alarms": "passed",
         "loss_scale_recovered": "not judged",  # an fp32 run
         "max_fallback_rate": "not judged",  # the synthetic steps report no token counts
+        "max_toxic_consumed": "not judged",  # no step reports contaminated_kinds
+        "replicas_consistent": "not judged",  # one rank
     }
 
 

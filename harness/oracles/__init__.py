@@ -20,6 +20,7 @@ from harness.oracles.health import (
     ParamsFiniteOracle,
 )
 from harness.oracles.recovery import LostStepsOracle, MttrOracle
+from harness.oracles.replicas import ReplicasConsistentOracle
 from harness.oracles.verdict import Check, Evidence, Oracle
 from harness.suites.scenario import Expect
 
@@ -37,6 +38,7 @@ __all__ = [
     "MttrOracle",
     "NoCorruptCheckpointLoadedOracle",
     "ParamsFiniteOracle",
+    "ReplicasConsistentOracle",
     "ToxicOracle",
     "build_oracles",
     "judge",
@@ -58,6 +60,7 @@ ORACLES: dict[str, type[ExpectOracle]] = {
         LossScaleRecoveredOracle,
         FallbackRateOracle,
         ToxicOracle,
+        ReplicasConsistentOracle,
     )
 }
 

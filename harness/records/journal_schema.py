@@ -125,6 +125,12 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                     "Observed by the agent: the step ended with no update (no optimizer step "
                     "and, for a trainer that updates by hand, parameters unchanged).",
                 ),
+                params_fingerprint=FieldSpec(
+                    "str",
+                    "Observed by the agent with several ranks, on its periodic check steps: a "
+                    "64-bit digest (16 hex digits) of every parameter's bits after the step; "
+                    "replicas of a data-parallel job must agree (`replicas_consistent`).",
+                ),
                 grads_repaired=FieldSpec(
                     "bool",
                     "Observed by the agent: a fault left gradients non-finite after backward, "

@@ -247,6 +247,7 @@ class Expect(_Model):
         default=None, ge=0, le=1, description="Largest share of byte-fallback tokens trained on."
     )
     max_toxic_consumed: int | None = Field(default=None, ge=0)
+    replicas_consistent: bool | None = None
 
     def checks(self) -> list[str]:
         """Names of the checks asked for (a value of false or null asks for none)."""

@@ -25,6 +25,7 @@ from reference_trainer.stability.loss_spikes import RobustZScoreConfig, SpikeCon
 from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
 from reference_trainer.stability.quality_weights import QualitySamplingConfig
 from reference_trainer.stability.recovery import RecoveryConfig
+from reference_trainer.stability.replicas import ReplicaCheckConfig
 from reference_trainer.stability.surgery import SurgeryConfig
 
 
@@ -73,6 +74,8 @@ class StabilityConfig:
     """Opt-in: the corpus's sampling weights follow a per-source quality score."""
     toxicity: ToxicityConfig = field(default_factory=ToxicityConfig)
     """The three-tier toxicity filter (docs/data.md): lexicon, classifier, review queue."""
+    replica_check: ReplicaCheckConfig = field(default_factory=ReplicaCheckConfig)
+    """Ranks compare a fingerprint of their parameters; a mismatch restores a checkpoint."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -94,6 +97,7 @@ class StabilityConfig:
             "surgery",
             "adaptive_warmup",
             "tokenizer_fallback",
+            "replica_check",
         ):
             getattr(self, name).enabled = False
         elif name == "spikes":
