@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     out = Table(title=f"stability mechanisms, {args.preset} {args.precision}")
-    for column in ("variant", "median step", "vs fragile", "its cost"):
+    measure = "mean interval" if args.timing == "interval" else "median step"
+    for column in ("variant", measure, "vs fragile", "its cost"):
         out.add_column(column, justify="left" if column == "variant" else "right")
     for row in rows:
         cost = f"{row['its_cost']:.3f}x" if row["its_cost"] is not None else ""
