@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
-		-c constraints.txt -e '.[dev,docker]'
+		-c constraints.txt -e '.[dev,docker,semantic]'
 	@touch $(STAMP)
 
 ## demo: the smoke suite against the reference trainer, then against the fragile preset;
@@ -43,7 +43,8 @@ test: lint browser
 	$(BIN)/python -m pytest
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
-## mechanism overhead, loss-spike detector precision (benchmarks/results/*.json)
+## mechanism overhead, loss-spike detector precision, duplicate filter speed and F1,
+## toxicity filter (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
 	$(BIN)/python benchmarks/checkpoint.py
@@ -53,6 +54,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/mechanisms.py
 	$(BIN)/python benchmarks/diagnosis.py
 	$(BIN)/python benchmarks/spike_detectors.py
+	$(BIN)/python benchmarks/semantic_dedup.py
+	$(BIN)/python benchmarks/dedup.py
+	$(BIN)/python benchmarks/toxicity.py
 
 ## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)
 fuzz: $(STAMP)

@@ -10,7 +10,10 @@ checkpoint is written inside the measured steps (the checkpoint cost is
 ``benchmarks/checkpoint.py``'s). Target: everything on <= 1.10x fragile on ``small``.
 
     .venv/bin/python benchmarks/mechanisms.py [--preset small] [--steps 30] [--rounds 2]
-        [--mechanisms all|none|clipping,spikes,...]
+        [--mechanisms all|none|clipping,spikes,...] [--nproc 1] [--timing step|interval]
+
+``replica_check`` acts between steps and only with several ranks: measure it with
+``--nproc 2 --timing interval``.
 """
 
 from __future__ import annotations
@@ -61,7 +64,11 @@ def _mechanisms(text: str) -> list[str]:
 def step_times(args: argparse.Namespace, flags: list[str], work: Path) -> list[float]:
     """Step times of one run of the variant, after its first ``--skip`` steps."""
     run_dir = Path(tempfile.mkdtemp(dir=work))
-    cmd = [sys.executable, "-m", "reference_trainer", "--preset", args.preset,
+    launcher = [sys.executable, "-m", "reference_trainer"]
+    if args.nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", str(args.nproc), "-m", "reference_trainer"]  # fmt: skip
+    cmd = [*launcher, "--preset", args.preset,
            "--precision", args.precision, "--steps", str(args.steps),
            "--checkpoint-every", str(args.steps), "--log-every", str(args.steps),
            "--run-dir", str(run_dir), *flags]  # fmt: skip
@@ -70,6 +77,11 @@ def step_times(args: argparse.Namespace, flags: list[str], work: Path) -> list[f
     if proc.returncode:
         sys.exit(f"{' '.join(flags) or 'everything on'} failed:\n{proc.stderr[-2000:]}")
     steps = read_journal(run_dir).steps()
+    if args.timing == "interval":
+        # Wall time from one step event to the next: the step and everything the loop does
+        # around it (checks between steps, such as the replica comparison, included).
+        mono = {s: float(steps[s].mono) for s in steps}
+        return [mono[s] - mono[s - 1] for s in sorted(mono) if s > args.skip and s - 1 in mono]
     return [float(steps[s]["step_time"]) for s in sorted(steps) if s > args.skip]
 
 
@@ -86,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         default="all",
         help="measured one by one (all, none, or names with commas; default all)",
     )
+    parser.add_argument("--nproc", type=int, default=1, help="ranks (torchrun when > 1)")
+    parser.add_argument(
+        "--timing",
+        default="step",
+        choices=("step", "interval"),
+        help="step: the trainer's step_time; interval: wall time between step events, "
+        "which includes the loop's checks between steps (averaged, not the median)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/mechanisms.json")
     args = parser.parse_args(argv)
     if args.steps <= args.skip:
@@ -98,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             for i, (name, flags) in enumerate(table.items(), 1):
                 console.print(f"round {r + 1}/{args.rounds}, {i}/{len(table)}: {name}")
                 pooled[name] += step_times(args, flags, Path(tmp))
-    median = {name: statistics.median(times) for name, times in pooled.items()}
+    # A periodic cost (every 10th step) vanishes in a median: intervals are averaged.
+    pool = statistics.mean if args.timing == "interval" else statistics.median
+    median = {name: pool(times) for name, times in pooled.items()}
     base, full = median["fragile (baseline)"], median["everything on"]
     rows = []
     for name in table:
@@ -115,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "preset": args.preset,
         "precision": args.precision,
+        "nproc": args.nproc,
+        "timing": args.timing,
         "steps": args.steps,
         "skip": args.skip,
         "rounds": args.rounds,
@@ -126,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     out = Table(title=f"stability mechanisms, {args.preset} {args.precision}")
-    for column in ("variant", "median step", "vs fragile", "its cost"):
+    measure = "mean interval" if args.timing == "interval" else "median step"
+    for column in ("variant", measure, "vs fragile", "its cost"):
         out.add_column(column, justify="left" if column == "variant" else "right")
     for row in rows:
         cost = f"{row['its_cost']:.3f}x" if row["its_cost"] is not None else ""

@@ -36,6 +36,7 @@ from faults.numeric import (
     NanGradInjector,
     NanGradSpec,
 )
+from faults.paraphrase import ParaphraseContaminationInjector, ParaphraseContaminationSpec
 from faults.process import (
     HangInjector,
     HangSpec,
@@ -45,6 +46,8 @@ from faults.process import (
     PreemptSpec,
 )
 from faults.spec import FaultSpec
+from faults.tokenizer_stress import TokenizerStressInjector, TokenizerStressSpec
+from faults.toxic import ToxicContaminationInjector, ToxicContaminationSpec
 
 #: Every built-in kind, in the order `kinds()` gives them (the suite schema's order).
 BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
@@ -68,6 +71,9 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     (SwapSpec, SwapInjector),
     # data
     (DuplicateContaminationSpec, DuplicateContaminationInjector),
+    (ParaphraseContaminationSpec, ParaphraseContaminationInjector),
+    (TokenizerStressSpec, TokenizerStressInjector),
+    (ToxicContaminationSpec, ToxicContaminationInjector),
     # process: whole nodes (Docker), then single ranks' processes
     (NodeKillSpec, NodeInjector),
     (NodeStopSpec, NodeInjector),

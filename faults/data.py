@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import Field
 
@@ -124,11 +124,37 @@ def near_duplicate(text: str, edits: int, rng: random.Random) -> str:
     return seps[0] + "".join(w + s for w, s in zip(words, seps[1:], strict=True))
 
 
-class ContaminatedStream:
-    """Documents (anything with .index, .source, .text) plus tagged copies, from the seed."""
+class StreamSpec(Protocol):
+    """What a contaminated stream reads of its fault's spec."""
 
-    def __init__(self, spec: DuplicateContaminationSpec, documents: Iterable[Any]) -> None:
+    @property
+    def kind(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def rate(self) -> float: ...
+    @property
+    def pool(self) -> int: ...
+    @property
+    def source(self) -> str | None: ...
+
+
+#: Makes one copy from an original's text and the copy's own RNG: (text, contamination kind).
+CopyMaker = Callable[[str, random.Random], tuple[str, str]]
+
+
+class ContaminatedStream:
+    """Documents (anything with .index, .source, .text) plus tagged copies, from the seed.
+
+    ``copies`` makes each copy; by default an exact or near duplicate (``spec`` is then a
+    `DuplicateContaminationSpec`); other data faults pass their own (paraphrases).
+    """
+
+    def __init__(
+        self, spec: StreamSpec, documents: Iterable[Any], copies: CopyMaker | None = None
+    ) -> None:
         self.spec = spec
+        self._make: CopyMaker = copies or self._duplicate
         self._documents: Iterator[Any] = iter(documents)
         self._slots = 0  # documents yielded so far, originals and copies
         self._originals = 0
@@ -158,21 +184,27 @@ class ContaminatedStream:
     def _draw(self, slot: int) -> float:
         block, offset = divmod(slot, _BLOCK)
         if block != self._block:
-            rng = seeded(self.spec.seed, KIND, "slots", block)
+            rng = seeded(self.spec.seed, self.spec.kind, "slots", block)
             self._block, self._draws = block, [rng.random() for _ in range(_BLOCK)]
         return self._draws[offset]
 
     def _copy(self, slot: int) -> StreamDocument:
-        rng = seeded(self.spec.seed, KIND, "copy", slot)
+        rng = seeded(self.spec.seed, self.spec.kind, "copy", slot)
         index, source, text = self._pool[rng.randrange(len(self._pool))]
-        near = rng.random() < self.spec.near_fraction
-        if near:
-            text = near_duplicate(text, self.spec.edits, rng)
-        if self.spec.phrase is not None:
-            text = f"{self.spec.phrase} {text}"
+        text, kind = self._make(text, rng)
         self._copies += 1
-        kind = "near" if near else "exact"
         return StreamDocument(-self._copies, source, text, index, kind)
+
+    def _duplicate(self, text: str, rng: random.Random) -> tuple[str, str]:
+        """An exact copy, or at ``near_fraction`` a near duplicate with ``edits`` edits."""
+        spec = self.spec
+        assert isinstance(spec, DuplicateContaminationSpec)
+        kind = "exact"
+        if rng.random() < spec.near_fraction:
+            text, kind = near_duplicate(text, spec.edits, rng), "near"
+        if spec.phrase is not None:  # after the edits, so every copy holds it verbatim
+            text = f"{spec.phrase} {text}"
+        return text, kind
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is: counts, the last original's index and the pool's texts.

@@ -16,6 +16,7 @@ TRAINER_MECHANISMS = {
     "async": "background checkpoint persistence",
     "recovery": "the three-level recovery policy",
     "dedup": "the streaming duplicate filter",
+    "semantic_dedup": "paraphrases of kept documents dropped (sentence embeddings of candidates)",
     "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
     "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
     "lr_floor": "the last 20% trains at a small learning rate (10% of the peak), not at zero",
@@ -23,6 +24,11 @@ TRAINER_MECHANISMS = {
     "underflow": "a layer that stopped updating is detected; fp16 raises the loss scale",
     "surgery": "repair a layer's swung gradient instead of skipping the step",
     "adaptive_warmup": "a noisy start (erratic gradient norms) warms up at a lower learning rate",
+    "tokenizer_fallback": "a document with over 5% byte-fallback tokens is repaired and "
+    "tokenized again, or dropped",
+    "toxicity_filter": "drop toxic documents (lexicon, classifier), hold unclear ones for review",
+    "replica_check": "ranks compare a fingerprint of their parameters; a mismatch restores a "
+    "checkpoint",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.
@@ -35,6 +41,10 @@ LAUNCHER_MECHANISMS = {
 OPT_IN = {
     "forecast_acting": "the LSTM forecaster's claims above its band trigger recovery "
     "(it only journals by default: docs/detectors.md)",
+    "dynamic_batching": "batches of whole documents grouped by length under a token budget, "
+    "padding ignored by the loss (docs/data.md)",
+    "quality_sampling": "the corpus's sampling weights follow a per-source quality score "
+    "from per-source loss, within bounds (docs/data.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

@@ -15,6 +15,8 @@ where a thing lives, so the layout below is written down once::
     RUN_DIR/plan.yaml                  the fault plan the runner handed the trainer
     RUN_DIR/trainer.log                the trainer's output, as the runner captured it
     RUN_DIR/baseline.json              a cached fault-free baseline run is complete
+    RUN_DIR/data/review-queue.jsonl    documents the toxicity filter held for review
+    RUN_DIR/data/review-decisions.jsonl  accept/reject decisions `tightrope review` recorded
     RUN_DIR/samples.json               generations of the run's final weights (its sampler)
     RUN_DIR/baseline-samples.json      generations of its fault-free baseline's final weights
 """
@@ -86,6 +88,18 @@ class RunLayout:
     @property
     def baseline_done(self) -> Path:
         return self.root / "baseline.json"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def review_queue(self) -> Path:
+        return self.data / "review-queue.jsonl"
+
+    @property
+    def review_decisions(self) -> Path:
+        return self.data / "review-decisions.jsonl"
 
     @property
     def samples(self) -> Path:

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.inside.agent import Agent
 from harness.run_layout import RunLayout
 from reference_trainer.config import TrainConfig
+from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.data import (
     DocumentPipeline,
@@ -22,19 +23,30 @@ from reference_trainer.model_and_data.data import (
     TokenStream,
 )
 from reference_trainer.model_and_data.dedup import DuplicateFilter
+from reference_trainer.model_and_data.embeddings import SentenceEmbedder
+from reference_trainer.model_and_data.keep_whole import keep_whole
 from reference_trainer.model_and_data.model import GPT, Block
 from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
+from reference_trainer.model_and_data.semantic_dedup import SemanticDedupStage
+from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
+from reference_trainer.model_and_data.token_fallback import (
+    FallbackProbe,
+    TokenFallback,
+    encodable,
+)
 from reference_trainer.model_and_data.tokenizer import (
     load_tokenizer,
     save_tokenizer,
     train_tokenizer,
 )
+from reference_trainer.model_and_data.toxicity import ToxicityStage
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_monitor import LayerMonitor
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
+from reference_trainer.stability.quality_sampling import QualitySampler
 from reference_trainer.stability.surgery import GradientSurgeon
 from reference_trainer.step import Trainer
 
@@ -48,10 +60,36 @@ def seed_everything(seed: int) -> None:
 
 def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) -> Any:
     if topo.is_main and not RunLayout(run_dir).tokenizer.exists():
-        texts = (corpus.document(i).text for i in range(cfg.data.tokenizer_docs))
-        save_tokenizer(train_tokenizer(texts, cfg.model.vocab_size), run_dir)
+        texts = [corpus.document(i).text for i in range(cfg.data.tokenizer_docs)]
+        trained = train_tokenizer(texts, cfg.model.vocab_size)
+        whole, _ = keep_whole(trained, texts, cfg.model.vocab_size, cfg.data.tokenizer)
+        save_tokenizer(whole, run_dir)
     distributed.barrier(topo)
     return load_tokenizer(run_dir, cfg.model.vocab_size)
+
+
+def document_stages(
+    cfg: TrainConfig,
+    run_dir: Path | None = None,
+    *,
+    is_main: bool = True,
+    embedder: SentenceEmbedder | None = None,
+) -> list[DocumentStage]:
+    """The stages switched on, in the order a document meets them (``run_dir``: where the
+    toxicity filter's review files are; rank 0 alone writes its queue). ``embedder``: the
+    one embedding model every stage that needs one shares, loaded on the first use of any."""
+    stages: list[DocumentStage] = []
+    embedder = embedder or SentenceEmbedder()
+    if cfg.stability.dedup.enabled:
+        stages.append(DedupStage(DuplicateFilter(cfg.stability.dedup)))
+    if cfg.stability.semantic_dedup.enabled:
+        stages.append(SemanticDedupStage(cfg.stability.semantic_dedup, embedder))
+    if cfg.stability.toxicity.enabled:
+        toxicity = cfg.stability.toxicity
+        stages.append(
+            ToxicityStage(toxicity, run_dir=run_dir, writes_queue=is_main, embedder=embedder)
+        )
+    return stages
 
 
 def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trainer:
@@ -60,23 +98,54 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
     tokenizer = _tokenizer(cfg, run_dir, corpus, topo)
 
     def encode(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        safe = [encodable(t) for t in texts]
+        return [e.ids for e in tokenizer.encode_batch(safe, add_special_tokens=False)]
 
-    dedup = cfg.stability.dedup
+    fallback_cfg = cfg.stability.tokenizer_fallback
+    probe = FallbackProbe.of(tokenizer, fallback_cfg.max_digit_run)
+    fallback = TokenFallback(fallback_cfg, probe) if fallback_cfg.enabled else None
+
+    embedder = SentenceEmbedder()
     documents = DocumentPipeline(
         corpus,
         wrap=agent.document_wrapper(),
-        dedup=DuplicateFilter(dedup) if dedup.enabled else None,
+        stages=document_stages(cfg, run_dir, is_main=topo.is_main, embedder=embedder),
     )
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
-    stream = TokenStream(documents, encode, layout, window=cfg.model.block_size + 1)
-    loader = ShardedLoader(
-        stream,
-        batch_size=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        rank=topo.rank,
-        world_size=topo.world_size,
-    )
+    quality = cfg.stability.quality_sampling
+    stream: TokenStream | PackedStream
+    loader: ShardedLoader | PackedLoader
+    batching = cfg.data.batching
+    if batching.enabled:  # whole documents under a token budget (docs/data.md)
+        stream = PackedStream(
+            documents,
+            encode,
+            layout,
+            max_len=cfg.model.block_size + 1,
+            budget=batching.budget(cfg.batch_size, cfg.model.block_size),
+            sort_pool=batching.sort_pool,
+            seed=cfg.data.seed,
+            fallback=fallback,
+        )
+        loader = PackedLoader(
+            stream, grad_accum=cfg.grad_accum, rank=topo.rank, world_size=topo.world_size
+        )
+    else:
+        stream = TokenStream(
+            documents,
+            encode,
+            layout,
+            window=cfg.model.block_size + 1,
+            fallback=fallback,
+            tag_sources=quality.enabled,
+        )
+        loader = ShardedLoader(
+            stream,
+            batch_size=cfg.batch_size,
+            grad_accum=cfg.grad_accum,
+            rank=topo.rank,
+            world_size=topo.world_size,
+        )
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = GPT(cfg.model).to(topo.device)
     # Dropout and any other draw differ per rank, as they would on a real cluster.
@@ -108,6 +177,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
     return Trainer(
         cfg=cfg,
         topo=topo,
+        embedder=embedder,
         model=model,
         wrapped=wrapped,
         optimizer=optimizer,
@@ -121,4 +191,10 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         max_lr=peak_lr(cfg, topo.world_size),
         layer_monitor=layer_monitor,
         surgeon=surgeon,
+        probe=probe,
+        quality=(
+            QualitySampler(quality, cfg.data.source_weights, topo.device, last_step=cfg.steps)
+            if quality.enabled
+            else None
+        ),
     )

@@ -19,14 +19,22 @@ from harness.errors import TightropeError
 from harness.mechanisms import OPT_IN, TRAINER_MECHANISMS
 from reference_trainer.checkpoints.files import checkpoint_step, complete_checkpoints
 from reference_trainer.checkpoints.run_dir import check_resumable, check_run
+from reference_trainer.checkpoints.schedule import token_count
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError
+from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
 from reference_trainer.stability.mechanisms import StabilityConfig
 
 PROG = "reference_trainer"
 #: Flags a resumed run may change; every other flag must match the saved configuration.
-_RESUMABLE_CHANGES = ("steps", "checkpoint_every", "keep_checkpoints", "log_every")
+_RESUMABLE_CHANGES = (
+    "steps",
+    "checkpoint_every",
+    "checkpoint_every_tokens",
+    "keep_checkpoints",
+    "log_every",
+)
 _OVERRIDES = ("batch_size", "grad_accum", "precision", "seed", *_RESUMABLE_CHANGES)
 
 
@@ -67,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=_positive_int, help="micro-steps per optimizer step")
     p.add_argument("--seed", type=int, help="training seed (default: 0)")
     p.add_argument("--checkpoint-every", type=_positive_int, help="steps between checkpoints")
+    p.add_argument(
+        "--checkpoint-every-tokens",
+        type=token_count,
+        metavar="N",
+        help="trained tokens between checkpoints, e.g. 2M or 500k (instead of "
+        "--checkpoint-every; the save is at the first step at or after each multiple)",
+    )
     p.add_argument("--keep-checkpoints", type=_positive_int, help="checkpoints kept on disk")
     p.add_argument("--log-every", type=_positive_int, help="steps between progress lines")
     p.add_argument(
@@ -94,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"switch one opt-in mechanism on (repeatable): {', '.join(OPT_IN)}",
     )
     p.add_argument(
+        "--data-mix",
+        choices=sorted(DATA_MIXES),
+        help=f"the corpus sources' shares, by name: {', '.join(DATA_MIXES)} (default: default)",
+    )
+    p.add_argument(
         "--fault-plan", type=Path, metavar="PLAN.yaml", help="inject the faults of this plan"
     )
     return p
@@ -102,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
 def settle_config(args: argparse.Namespace) -> TrainConfig:
     """The configuration to run: a preset with flags applied, or the resumed run's own."""
     given = {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
+    if args.checkpoint_every is not None:
+        if args.checkpoint_every_tokens is not None:
+            raise ConfigError(
+                "--checkpoint-every and --checkpoint-every-tokens are two schedules; give one"
+            )
+        given["checkpoint_every_tokens"] = 0  # steps it is, also for a resumed token run
     if not args.resume:
         cfg = preset(args.preset or "tiny")
         if args.fragile:
@@ -109,7 +135,9 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
         for name in args.disable:
             cfg.stability.disable(name)
         for name in args.enable:
-            cfg.stability.enable(name)
+            cfg.enable(name)
+        if args.data_mix is not None:
+            cfg.data.source_weights = mix_weights(args.data_mix)
         return _apply(cfg, given)
     if (args.fragile or args.disable or args.enable) and not restart_count():
         # (A restarted worker gets the first attempt's flags again; they are settled.)
@@ -117,6 +145,11 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
             "--fragile, --disable and --enable apply to fresh runs; a resumed run keeps its own"
         )
     cfg = TrainConfig.load(args.run_dir)
+    if args.data_mix is not None and mix_weights(args.data_mix) != cfg.data.source_weights:
+        raise ConfigError(
+            f"--data-mix {args.data_mix} differs from the resumed run's source weights "
+            f"{cfg.data.source_weights}; a resumed run keeps its configuration"
+        )
     if args.preset is not None and args.preset != cfg.preset:
         raise ConfigError(
             f"--preset {args.preset} differs from the resumed run's preset {cfg.preset}"

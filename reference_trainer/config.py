@@ -12,7 +12,10 @@ from typing import Any, TypeVar
 
 from harness.run_layout import RunLayout
 from reference_trainer.errors import ConfigError
+from reference_trainer.model_and_data.batching_config import BatchingConfig
 from reference_trainer.model_and_data.corpus import SOURCE_NAMES
+from reference_trainer.model_and_data.keep_whole import TokenizerConfig
+from reference_trainer.model_and_data.mixes import mix_weights
 from reference_trainer.model_and_data.model import GPTConfig
 from reference_trainer.stability.mechanisms import StabilityConfig
 
@@ -27,23 +30,21 @@ class DataConfig:
 
     seed: int = 1234
     """Seed of the generated corpus (independent of the training seed)."""
-    source_weights: dict[str, float] = field(
-        default_factory=lambda: {
-            "technical_docs": 0.4,
-            "social_chatter": 0.2,
-            "product_reviews": 0.2,
-            "code": 0.2,
-        }
-    )
-    """Share of documents drawn from each source; normalized, sources not named get 0."""
+    source_weights: dict[str, float] = field(default_factory=lambda: mix_weights("default"))
+    """Share of documents drawn from each source; normalized, sources not named get 0
+    (``--data-mix NAME`` sets a named mix: `reference_trainer.model_and_data.mixes`)."""
     tokenizer_docs: int = 1000
     """Documents from the start of the corpus used to train the BPE tokenizer."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """How the tokenizer is built beyond its size (frequent words kept whole)."""
     eot_at_start: int = 1
     """`<|endoftext|>` tokens placed before each document."""
     eot_every: int = 1024
     """Inside a document, one `<|endoftext|>` after every this many tokens (0: never)."""
     eot_at_end: int = 2
     """`<|endoftext|>` tokens placed after each document."""
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    """Dynamic batching of whole documents under a token budget (off: fixed windows)."""
 
     def __post_init__(self) -> None:
         for name, weight in self.source_weights.items():
@@ -115,6 +116,9 @@ class TrainConfig:
     """Seed of model initialization and every random draw of training."""
     checkpoint_every: int = 20
     """Save a full checkpoint every this many steps (and at the last step)."""
+    checkpoint_every_tokens: int = 0
+    """When > 0, replaces `checkpoint_every`: save at the first step boundary at or after
+    each multiple of this many trained tokens (all ranks; and at the last step)."""
     keep_checkpoints: int = 3
     """Complete checkpoints kept on disk; older ones are deleted after a save."""
     log_every: int = 10
@@ -128,6 +132,32 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "checkpoint_every", "log_every"):
             _positive(name, getattr(self, name))
         _positive("keep_checkpoints", self.keep_checkpoints)
+        every_tokens = self.checkpoint_every_tokens
+        if not (isinstance(every_tokens, int) and every_tokens >= 0):
+            raise ConfigError(
+                f"checkpoint_every_tokens must be an integer >= 0 (0: every checkpoint_every "
+                f"steps), got {every_tokens!r}"
+            )
+        self.data.batching.check_fits(self.model.block_size)
+        self._check_opt_ins()
+
+    def enable(self, name: str) -> None:
+        """Switch on one opt-in by its name (`harness.mechanisms.OPT_IN`): dynamic batching
+        here, the stability mechanisms' own in `StabilityConfig.enable`."""
+        if name == "dynamic_batching":
+            self.data.batching.enabled = True
+        else:
+            self.stability.enable(name)
+        self._check_opt_ins()
+
+    def _check_opt_ins(self) -> None:
+        # Quality sampling reads each token's source from the fixed-window stream; the packed
+        # stream of dynamic batching does not carry it yet.
+        if self.data.batching.enabled and self.stability.quality_sampling.enabled:
+            raise ConfigError(
+                "dynamic_batching and quality_sampling cannot be enabled together (quality "
+                "sampling needs the fixed-window stream's per-token sources)"
+            )
 
     def global_batch(self, world_size: int) -> int:
         """Sequences per optimizer step over all ranks."""
@@ -140,6 +170,14 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Rebuild from `to_dict` output; unknown or missing keys raise `ConfigError`."""
+        dedup = data.get("stability", {}).get("dedup") if isinstance(data, dict) else None
+        if isinstance(dedup, dict) and "backend" not in dedup:
+            # Written before the filter had backends: its run hashed with numpy, and its
+            # checkpoints hold numpy signatures, which only the numpy backend can continue.
+            data = {
+                **data,
+                "stability": {**data["stability"], "dedup": {**dedup, "backend": "numpy"}},
+            }
         return build_dataclass(cls, data, "config")
 
     def save(self, run_dir: Path) -> None:

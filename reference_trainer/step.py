@@ -21,11 +21,22 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.inside.agent import Agent
-from harness.records.events import OMIT, Claim, Detected, Recovered, StepObserved
+from harness.records.events import (
+    OMIT,
+    Claim,
+    DataWeightsObserved,
+    Detected,
+    Recovered,
+    StepObserved,
+)
 from reference_trainer.config import TrainConfig
+from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
+from reference_trainer.model_and_data.embeddings import SentenceEmbedder
 from reference_trainer.model_and_data.model import GPT, next_token_loss
 from reference_trainer.model_and_data.optim import layer_of, lr_at
+from reference_trainer.model_and_data.token_fallback import FallbackProbe, fallback_claims
+from reference_trainer.packed_step import packed_forward_backward
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmup
 from reference_trainer.stability.clipping import clip_gradients, clip_threshold
@@ -34,8 +45,9 @@ from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
+from reference_trainer.stability.quality_sampling import QualitySampler
 from reference_trainer.stability.surgery import GradientSurgeon
-from reference_trainer.step_claims import dedup_claims, scale_claims, switch_claims
+from reference_trainer.step_claims import data_claims, scale_claims, switch_claims
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +60,8 @@ class StepResult:
     preempted: bool = False
     #: Per-layer statistics of the step (None when no mechanism needs them).
     layers: StepStats | None = None
+    #: The corpus's sampling weights, when quality sampling journals them at this step.
+    data: DataWeightsObserved | None = None
 
     @property
     def skipped(self) -> bool:
@@ -78,8 +92,8 @@ class Trainer:
     scaler: DynamicLossScaler
     monitor: ActivationMonitor | None
     documents: DocumentPipeline
-    stream: TokenStream
-    loader: ShardedLoader
+    stream: TokenStream | PackedStream
+    loader: ShardedLoader | PackedLoader
     agent: Agent
     max_lr: float
     #: Multiplier on the schedule, lowered by level-2 recovery.
@@ -91,8 +105,14 @@ class Trainer:
     layers: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict)
     #: Per-layer statistics and what judges them (None when nothing needs them).
     layer_monitor: LayerMonitor | None = None
+    #: The embedding model the data stages share (loaded on first use, if ever).
+    embedder: SentenceEmbedder | None = None
     #: Repairs a swung gradient instead of skipping the step (None when off).
     surgeon: GradientSurgeon | None = None
+    #: Counts the byte-fallback tokens of each batch (None: not counted).
+    probe: FallbackProbe | None = None
+    #: Quality-weighted sampling of the corpus's sources (None when off).
+    quality: QualitySampler | None = None
     warmup: AdaptiveWarmup = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,17 +145,40 @@ class Trainer:
         lr = self.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = agent.batch(self.loader.next_step()).to(self.topo.device)
-        accum = cfg.grad_accum
-        local = torch.zeros((), device=self.topo.device)
-        for micro in range(accum):
-            x, y = batch[micro, :, :-1], batch[micro, :, 1:]
-            sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
-            with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
-                with self.precision.autocast():
-                    loss = next_token_loss(self.wrapped(x), y)
-                scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
-            local += loss.detach() / accum
+        packed = None
+        quality = self.quality  # None with dynamic batching (refused together in the config)
+        if isinstance(self.loader, PackedLoader):  # dynamic batching: docs/data.md
+            step_batch = self.loader.next_step()
+            # Counted on the ids of the step's rows, before any bad-data fault.
+            fallback_tokens = (
+                OMIT if self.probe is None else self.probe.count(step_batch.tokens.numpy())
+            )
+            batch_size_tokens = int(step_batch.lengths.sum())  # real tokens, not padding
+            packed = packed_forward_backward(self, step_batch)
+            local = packed.local
+        else:
+            batch = agent.batch(self.loader.next_step())
+            # Counted on the ids that reach the model, after any bad-data fault.
+            fallback_tokens = OMIT if self.probe is None else self.probe.count(batch.numpy())
+            batch_size_tokens = int(batch.numel())
+            batch = batch.to(self.topo.device)
+            sources = self.loader.last_sources
+            if sources is not None:
+                sources = sources.to(self.topo.device)
+            accum = cfg.grad_accum
+            local = torch.zeros((), device=self.topo.device)
+            for micro in range(accum):
+                x, y = batch[micro, :, :-1], batch[micro, :, 1:]
+                sync = micro == accum - 1 or not isinstance(self.wrapped, DDP)
+                with contextlib.nullcontext() if sync else self.wrapped.no_sync():  # type: ignore[operator]
+                    with self.precision.autocast():
+                        logits = self.wrapped(x)
+                        loss = next_token_loss(logits, y)
+                    if quality is not None and sources is not None:
+                        quality.observe(logits, y, sources[micro, :, 1:])
+                    del logits  # backward does not need them: free the (B, T, V) tensor now
+                    scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
+                local += loss.detach() / accum
         agent.after_backward()
         params = list(self.model.parameters())
         loss_scale = scaler.current()
@@ -148,12 +191,13 @@ class Trainer:
         )
         verdict = watch.gradients() if watch is not None else None
         repairable = verdict.repairable if verdict is not None else []
-        mean_loss, all_finite, preempted, mean_norm, repair_on, stalled = self._agree(
+        mean_loss, all_finite, preempted, mean_norm, repair_on, stalled, by_source = self._agree(
             local,
             grad_norm,
             swung=verdict is not None and verdict.skip,
             stalled=verdict is not None and verdict.stalled,
             repairable=bool(repairable),
+            extra=quality.local_totals() if quality is not None else None,
         )
         swung = repair_on.swung  # on this rank or another
         claims: list[Claim] = []
@@ -217,19 +261,28 @@ class Trainer:
         claims += scale_claims(change)
         if self.monitor is not None:
             claims += switch_claims(self.monitor.end_step(step))
+        data = None
+        if quality is not None and by_source is not None:
+            data = quality.after_step(self.documents, by_source, step, skipped=skip)
         counters = self.documents.take_counters()
-        claims += dedup_claims(counters)
+        claims += data_claims(counters)
+        if self.stream.fallback is not None:
+            claims += fallback_claims(self.stream.fallback.take_counters())
         observed = StepObserved(
             loss=mean_loss,
-            local_loss=float(local),
+            local_loss=float(local) if packed is None else packed.local_loss,
             grad_norm=grad_norm,
             lr=lr,
             loss_scale=loss_scale,
             tokens=self.loader.tokens_per_step(),
+            pad_tokens=OMIT if packed is None else packed.pad_tokens,
             step_time=time.perf_counter() - t0,
             skipped=skip,
             docs=counters.docs,
             contaminated_docs=counters.contaminated_docs,
+            contaminated_kinds=counters.contaminated_kinds,
+            fallback_tokens=fallback_tokens,
+            batch_tokens=batch_size_tokens if self.probe is not None else OMIT,
             grad_variance=OMIT if grad_variance is None else grad_variance,
             warmup_factor=factor,
         )
@@ -245,7 +298,7 @@ class Trainer:
                 if lasted is not None:
                     ended: dict[str, Any] = {"layer": name, "steps": lasted}
                     claims.append(Recovered(action="safe_mode_ended", details=ended))
-        return StepResult(observed, claims, preempted, layers)
+        return StepResult(observed, claims, preempted, layers, data)
 
     def _operate(self, layers: list[str], step: int, loss: float) -> list[Claim]:
         """Gradient surgery on every layer whose gradient swung up or is not finite, when the
@@ -272,12 +325,14 @@ class Trainer:
         swung: bool,
         stalled: bool,
         repairable: bool,
-    ) -> tuple[float, bool, bool, float, Seen, bool]:
+        extra: torch.Tensor | None = None,
+    ) -> tuple[float, bool, bool, float, Seen, bool, torch.Tensor | None]:
         """Mean loss over ranks, whether every rank's loss and gradients are finite,
         whether any rank was asked to stop (SIGTERM), the mean gradient norm over ranks
         (meaningful when all are finite), how many ranks saw a layer's gradient swing up or
-        one surgery could repair, and whether any saw a layer stall: one collective (the
-        barrier every rank stops at), so all ranks take the same decisions."""
+        one surgery could repair, whether any saw a layer stall, and ``extra`` summed over
+        ranks: one collective (the barrier every rank stops at), so all ranks take the
+        same decisions."""
         device = local_loss.device
         finite = torch.isfinite(local_loss) & torch.tensor(math.isfinite(grad_norm), device=device)
         flags = torch.tensor(
@@ -301,6 +356,7 @@ class Trainer:
                     ]
                 ),
                 flags,
+                *([extra.to(device, local_loss.dtype)] if extra is not None else []),
             ]
         )
         if self.topo.distributed:
@@ -317,6 +373,7 @@ class Trainer:
             float(packed[4] / n),
             seen,
             bool(packed[6] > 0),
+            packed[8:] if extra is not None else None,
         )
 
     def force_fp32(self, until: int) -> None:
@@ -364,6 +421,7 @@ class Trainer:
                 "layers": self.layer_monitor.state_dict() if self.layer_monitor else {},
                 "surgery": self.surgeon.state_dict() if self.surgeon else {},
                 "adaptive_warmup": self.warmup.state_dict(),
+                "quality": self.quality.state_dict() if self.quality else {},
             },
         }
 
@@ -388,4 +446,7 @@ class Trainer:
             self.warmup.load_state_dict(extra["adaptive_warmup"])
         else:  # a checkpoint from before the mechanism existed: start the window afresh
             self.warmup.reset()
+        if self.quality is not None and extra.get("quality"):
+            self.quality.load_state_dict(extra["quality"])
+            self.quality.apply(self.documents)
         return int(state["step"])

@@ -1,5 +1,5 @@
 """The claims a step's mechanisms give rise to, from what each of them reports: a loss-scale
-change, blocks switched between precisions, documents the duplicate filter dropped."""
+change, blocks switched between precisions, documents the data stages dropped."""
 
 from __future__ import annotations
 
@@ -31,18 +31,18 @@ def switch_claims(switches: list[Switch]) -> list[Claim]:
     return claims
 
 
-def dedup_claims(counters: DataCounters) -> list[Claim]:
-    """Documents the duplicate filter dropped this step, by source."""
-    if not counters.dropped:
-        return []
-    dropped = sum(sum(r.values()) for r in counters.dropped.values())
-    return [
-        Detected(
-            detector="dedup",
-            details={
-                "dropped": dropped,
-                "by_source": counters.dropped,
-                "contaminated_dropped": counters.contaminated_dropped,
-            },
+def data_claims(counters: DataCounters) -> list[Claim]:
+    """Documents each stage dropped this step, by source: one detection per stage."""
+    claims: list[Claim] = []
+    for stage, by_source in counters.dropped.items():
+        claims.append(
+            Detected(
+                detector=stage,
+                details={
+                    "dropped": sum(sum(r.values()) for r in by_source.values()),
+                    "by_source": by_source,
+                    "contaminated_dropped": counters.contaminated_dropped.get(stage, 0),
+                },
+            )
         )
-    ]
+    return claims

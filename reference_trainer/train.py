@@ -17,6 +17,7 @@ from reference_trainer.build import build, seed_everything
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
 from reference_trainer.checkpoints.run_dir import check_fresh, check_run, lost_ranks
+from reference_trainer.checkpoints.schedule import SaveSchedule
 from reference_trainer.config import TrainConfig
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
@@ -27,6 +28,7 @@ from reference_trainer.stability.layer_diagnosis import DiagnosisReport
 from reference_trainer.stability.loss_spikes import SpikeMonitor
 from reference_trainer.stability.recovery import Failure, RecoveryPolicy
 from reference_trainer.stability.recovery_run import RecoveryRun
+from reference_trainer.stability.replicas import compare_replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +115,13 @@ class Run:
             lr_backoff=cfg.stability.recovery.lr_backoff,
             skip_data=cfg.stability.recovery.skip_data,
             retry_steps=cfg.stability.recovery.retry_steps,
-            windows_per_step=cfg.global_batch(topo.world_size),
+            # (Dynamic batching skips micro-batches: grad_accum x world size of them a step.)
+            windows_per_step=cfg.global_batch(topo.world_size)
+            if not cfg.data.batching.enabled
+            else cfg.grad_accum * topo.world_size,
         )
         self.spikes = SpikeMonitor(cfg.stability.spikes)
+        self.schedule = SaveSchedule(cfg.checkpoint_every, cfg.checkpoint_every_tokens)
         self.spike_fired: list[str] = []
         self.skips = 0
         self.gave_up = False
@@ -127,6 +133,9 @@ class Run:
             if watchdog.enabled
             else None
         )
+        if self.heartbeat is not None and self.trainer.embedder is not None:
+            # Loading the embedding model mid-step takes seconds: not a hang.
+            self.trainer.embedder.around_load = self.heartbeat.slow
 
     # -- state -------------------------------------------------------------------------
 
@@ -135,6 +144,7 @@ class Run:
         state = self.trainer.state_dict(step)
         state["trainer"]["policy"] = self.policy.state_dict()
         state["trainer"]["spikes"] = self.spikes.state_dict()
+        state["trainer"]["tokens_trained"] = self.schedule.tokens
         return state
 
     def restore(self, path: Path, state: dict[str, Any], *, rollback: bool = False) -> int:
@@ -149,6 +159,10 @@ class Run:
             self.policy.load_state_dict(extra["policy"])
         if "spikes" in extra:
             self.spikes.load_state_dict(extra["spikes"])
+        # (A checkpoint from before the count: fixed windows, the same tokens every step.)
+        self.schedule.tokens = int(
+            extra.get("tokens_trained", step * self.trainer.loader.tokens_per_step())
+        )
         rng = ckpt.load_rng(path, self.topo.rank)
         if rng is not None:
             ckpt.set_rng_state(rng)
@@ -228,8 +242,12 @@ class Run:
             agent.observe_step(result.observed)
             for claim in result.claims:
                 agent.claim(claim)
+            if result.data is not None:
+                agent.observe_data(result.data)
+            # Every rank compares (a collective) before any other failure is looked at.
+            diverged = self._replicas_diverged(step, last)
             failure = self._failure(step, result.skipped, loss)
-            failure = failure or weights_changed(step, result.claims)
+            failure = failure or weights_changed(step, result.claims) or diverged
             if self.trainer.layer_monitor is not None:
                 journal_layers(
                     agent,
@@ -259,7 +277,7 @@ class Run:
                 if self.trainer.end_fp32_retry(step):  # the retried steps are redone
                     details = {"precision": cfg.precision, "after_step": step}
                     agent.claim(Recovered(action="precision_restored", details=details))
-            saved = step % cfg.checkpoint_every == 0 or step == last
+            saved = self.schedule.after_step(step, result.observed.tokens) or step == last
             if saved:
                 self.checkpoints.save(step, self.state_dict(step) if self.topo.is_main else None)
             if step == last or result.preempted:
@@ -290,6 +308,22 @@ class Run:
         if done == cfg.steps:
             return done, loss, "completed", ""
         return done, loss, "stopped", f"stopped after step {done} as asked"
+
+    def _replicas_diverged(self, step: int, last: int) -> Failure | None:
+        """On check steps and before every save: do the ranks hold the same parameters?"""
+        cfg = self.cfg.stability.replica_check
+        due = step % cfg.every == 0 or step % self.cfg.checkpoint_every == 0 or step == last
+        if not (cfg.enabled and due):
+            return None
+        divergence = compare_replicas(self.trainer.model, self.topo)
+        if divergence is None:
+            return None
+        details = {
+            "differing_ranks": divergence.ranks,
+            "fingerprints": {str(r): fp for r, fp in divergence.fingerprints.items()},
+        }
+        self.agent.claim(Detected(detector="replica_divergence", details=details))
+        return Failure(step, "replicas_diverged", details)
 
     def _beat(self, step: int) -> None:
         if self.heartbeat is not None:

@@ -57,6 +57,10 @@ def test_a_run_without_channel_is_named(tmp_path: Path) -> None:
             {"kind": "duplicate_contamination", "rate": 0.05},
             "cannot be injected live: it acts on the doc",
         ),
+        (
+            {"kind": "tokenizer_stress", "rate": 0.05},
+            "cannot be injected live: it acts on the doc",
+        ),
         ({"kind": "node_kill", "node": 1}, "cannot be injected live: it acts on a Docker"),
         ({"kind": "bitflip_file", "file": "../../../x/*"}, "must stay inside"),
     ],

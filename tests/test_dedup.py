@@ -15,8 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.dedup_set import labelled_stream, score, true_jaccard
 from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.dedup import DedupConfig, DedupVerdict, DuplicateFilter
+from reference_trainer.model_and_data.dedup import (
+    BACKENDS,
+    DedupConfig,
+    DedupVerdict,
+    DuplicateFilter,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = {"technical_docs": 1, "social_chatter": 1, "product_reviews": 1, "code": 1}
@@ -164,13 +170,17 @@ def _mixed_stream(natural: list[str]) -> list[tuple[int, str]]:
     return items
 
 
-def test_check_batch_matches_sequential_check(natural: list[str]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("max_docs", [200_000, 12])  # 12: batches evict what they insert
+def test_check_batch_matches_sequential_check(
+    natural: list[str], backend: str, max_docs: int
+) -> None:
     items = _mixed_stream(natural)
-    one_by_one = DuplicateFilter(DedupConfig())
+    one_by_one = DuplicateFilter(DedupConfig(backend=backend, max_docs=max_docs))
     expected = [one_by_one.check(i, t) for i, t in items]
     assert {v.reason for v in expected} == {"unique", "exact", "near"}
     for batch in (len(items), 7):
-        batched = DuplicateFilter(DedupConfig())
+        batched = DuplicateFilter(DedupConfig(backend=backend, max_docs=max_docs))
         got = []
         for start in range(0, len(items), batch):
             got += batched.check_batch(items[start : start + batch])
@@ -179,11 +189,15 @@ def test_check_batch_matches_sequential_check(natural: list[str]) -> None:
         a, b = batched.state_dict(), one_by_one.state_dict()
         assert np.array_equal(a["signatures"], b["signatures"])
         assert np.array_equal(a["doc_ids"], b["doc_ids"])
+    assert (one_by_one.stats()["evicted"] > 0) == (max_docs < len(items))
 
 
-def test_restored_filter_continues_like_an_uninterrupted_one(natural: list[str]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_restored_filter_continues_like_an_uninterrupted_one(
+    natural: list[str], backend: str
+) -> None:
     # A small index, so FIFO eviction happens both before and after the restart.
-    config: dict[str, Any] = {"max_docs": 50, "seed": 5}
+    config: dict[str, Any] = {"max_docs": 50, "seed": 5, "backend": backend}
     rng = random.Random(11)
     first = [(i, natural[i]) for i in range(80)]
     first += [(COPY_ID + i, _light_edit(natural[i], rng)) for i in range(60, 80)]
@@ -209,23 +223,24 @@ import hashlib, sys
 from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.dedup import DedupConfig, DuplicateFilter
 corpus = Corpus({"technical_docs": 1, "social_chatter": 1, "product_reviews": 1, "code": 1}, 0)
-dedup = DuplicateFilter(DedupConfig(seed=int(sys.argv[1])))
+dedup = DuplicateFilter(DedupConfig(seed=int(sys.argv[1]), backend=sys.argv[2]))
 dedup.check_batch([(i, corpus.document(i).text) for i in range(50)])
 print(hashlib.sha256(dedup.state_dict()["signatures"].tobytes()).hexdigest())
 """
 
 
-def _signature_digest(natural: list[str], seed: int) -> str:
-    dedup = DuplicateFilter(DedupConfig(seed=seed))
+def _signature_digest(natural: list[str], seed: int, backend: str) -> str:
+    dedup = DuplicateFilter(DedupConfig(seed=seed, backend=backend))
     dedup.check_batch(list(enumerate(natural[:50])))
     return hashlib.sha256(dedup.state_dict()["signatures"].tobytes()).hexdigest()
 
 
-def test_signatures_are_identical_in_another_process(natural: list[str]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_signatures_are_identical_in_another_process(natural: list[str], backend: str) -> None:
     # A different PYTHONHASHSEED would change anything built on Python's salted hash().
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED="12345")
     result = subprocess.run(
-        [sys.executable, "-c", _SIGNATURE_SCRIPT, "3"],
+        [sys.executable, "-c", _SIGNATURE_SCRIPT, "3", backend],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -234,8 +249,8 @@ def test_signatures_are_identical_in_another_process(natural: list[str]) -> None
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == _signature_digest(natural, 3)
-    assert _signature_digest(natural, 4) != _signature_digest(natural, 3)
+    assert result.stdout.strip() == _signature_digest(natural, 3, backend)
+    assert _signature_digest(natural, 4, backend) != _signature_digest(natural, 3, backend)
 
 
 @pytest.mark.parametrize(
@@ -250,6 +265,7 @@ def test_signatures_are_identical_in_another_process(natural: list[str]) -> None
         ({"max_docs": 0}, "dedup.max_docs"),
         ({"seed": -1}, "dedup.seed"),
         ({"enabled": "yes"}, "dedup.enabled"),
+        ({"backend": "rust"}, "dedup.backend must be one of 'rensa', 'numpy' (got 'rust')"),
     ],
 )
 def test_bad_config_is_rejected_naming_the_field(overrides: dict[str, Any], message: str) -> None:
@@ -288,3 +304,137 @@ def test_oldest_entries_are_evicted_first(natural: list[str]) -> None:
     assert dedup.check(10, natural[0]).keep
     assert dedup.check(11, natural[2]) == DedupVerdict(False, "exact", 2, 1.0)
     assert dedup.stats()["evicted"] == 2 and dedup.stats()["indexed"] == 2
+
+
+# ---------------------------------------------------------------- backends (numpy, rensa)
+TRAINER = {"shingle_size": 3, "threshold": 0.5, "max_docs": 50_000}  # the trainer's settings
+
+
+@pytest.fixture(scope="module")
+def labelled() -> list[Any]:
+    """1,500 originals of 88 words and 300 copies: 30% exact, the rest 1-12 word edits."""
+    return labelled_stream(1500, 300, max_edits=12, seed=1)
+
+
+def _calls(stream: list[Any], **config: Any) -> list[DedupVerdict]:
+    dedup = DuplicateFilter(DedupConfig(**config))
+    return dedup.check_batch([(doc.doc_id, doc.text) for doc in stream])
+
+
+def test_rensa_backend_catches_the_copies_numpy_catches(labelled: list[Any]) -> None:
+    copies = [doc.doc_id for doc in labelled if doc.source is not None]
+    jaccard = dict(zip(copies, true_jaccard(labelled), strict=True))
+    clear = [i for i in copies if jaccard[i] >= 0.6]
+    caught: dict[str, set[int]] = {}
+    for backend in BACKENDS:
+        verdicts = _calls(labelled, backend=backend, **TRAINER)
+        scores = score(labelled, [not v.keep for v in verdicts])
+        assert scores.precision >= 0.99, (backend, scores)
+        assert scores.recall >= 0.93, (backend, scores)
+        by_id = {doc.doc_id: (doc, v) for doc, v in zip(labelled, verdicts, strict=True)}
+        # Every copy well above the threshold is caught, as a copy of its own source.
+        hits = [by_id[i] for i in clear if by_id[i][1].duplicate_of == by_id[i][0].source]
+        assert len(hits) >= 0.99 * len(clear), (backend, len(hits), len(clear))
+        assert all(v.reason == "exact" for doc, v in by_id.values() if doc.source and not doc.edits)
+        caught[backend] = {i for i, (doc, v) in by_id.items() if doc.source and not v.keep}
+    # The two backends differ only near the threshold (0.5), where each estimate has its own
+    # noise (std ~0.044 there with 128 permutations).
+    differ = sorted(jaccard[i] for i in caught["rensa"] ^ caught["numpy"])
+    assert len(differ) <= 0.06 * len(copies) and all(0.4 <= j < 0.7 for j in differ), differ
+
+
+def test_threshold_one_catches_no_near_copy(labelled: list[Any]) -> None:
+    # Negative control of the test above: the same stream and scoring, a filter that can only
+    # match identical signatures. Exact copies are still caught; near ones no longer are.
+    verdicts = _calls(labelled, backend="rensa", **{**TRAINER, "threshold": 1.0})
+    near = [not v.keep for doc, v in zip(labelled, verdicts, strict=True) if doc.edits]
+    exact = [not v.keep for doc, v in zip(labelled, verdicts, strict=True)
+             if doc.source is not None and not doc.edits]  # fmt: skip
+    assert sum(near) <= 0.05 * len(near)
+    assert all(exact) and exact
+    assert score(labelled, [not v.keep for v in verdicts]).recall < 0.5
+
+
+def test_rensa_state_resumes_through_a_checkpoint_without_pickle(
+    natural: list[str], tmp_path: Path
+) -> None:
+    # The trainer's route: state -> tensors -> torch.save -> torch.load(weights_only) -> numpy.
+    import torch
+
+    from reference_trainer.model_and_data.data import to_numpy, to_tensors
+
+    rng = random.Random(2)
+    first = [(i, natural[i]) for i in range(300)]
+    later = [(COPY_ID + i, _light_edit(natural[i], rng)) for i in range(0, 300, 4)]
+    later += [(i, natural[i]) for i in range(300, 400)] + [(COPY_ID - 1, natural[7])]
+    straight = DuplicateFilter(DedupConfig())
+    straight.check_batch(first)
+    torch.save(to_tensors(straight.state_dict()), tmp_path / "dedup.pt")
+    restored = DuplicateFilter(DedupConfig())
+    restored.load_state_dict(to_numpy(torch.load(tmp_path / "dedup.pt", weights_only=True)))
+    expected = straight.check_batch(later)
+    assert restored.check_batch(later) == expected
+    assert {v.reason for v in expected} == {"unique", "exact", "near"}
+    assert restored.stats() == straight.stats()
+
+
+@pytest.mark.parametrize(("saved", "loading"), [("numpy", "rensa"), ("rensa", "numpy")])
+def test_state_of_the_other_backend_is_refused(
+    natural: list[str], saved: str, loading: str
+) -> None:
+    dedup = DuplicateFilter(DedupConfig(backend=saved))
+    dedup.check_batch(list(enumerate(natural[:20])))
+    message = (
+        f"dedup.backend is '{loading}' but the state was saved with dedup.backend '{saved}'; "
+        f"signatures of different backends are not comparable (set dedup.backend to "
+        f"'{saved}' to resume from it)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _restored(dedup.state_dict(), backend=loading)
+
+
+def _version_1(state: dict[str, Any]) -> dict[str, Any]:
+    """A numpy-backend state as version 1 wrote it: no backend anywhere."""
+    old = {k: v for k, v in state.items() if k != "backend"}
+    old["config"] = {k: v for k, v in state["config"].items() if k != "backend"}
+    return {**old, "version": 1}
+
+
+def test_version_1_state_loads_as_numpy_and_is_refused_by_rensa(natural: list[str]) -> None:
+    dedup = DuplicateFilter(DedupConfig(backend="numpy"))
+    dedup.check_batch(list(enumerate(natural[:60])))
+    old = _version_1(dedup.state_dict())
+    restored = _restored(old, backend="numpy")
+    later = [(COPY_ID + i, natural[i].upper()) for i in range(50, 70)]
+    later += [(COPY_ID + 100 + i, _light_edit(natural[i], random.Random(i))) for i in range(60)]
+    assert restored.check_batch(later) == dedup.check_batch(later)
+    with pytest.raises(ValueError, match=re.escape("is a version-1 state, which holds numpy")):
+        _restored(old, backend="rensa")
+
+
+@pytest.mark.parametrize("damage", ["rensa_algorithm", "rensa_fingerprint", "seed"])
+def test_state_from_a_rensa_that_permutes_otherwise_is_refused(
+    natural: list[str], damage: str
+) -> None:
+    dedup = DuplicateFilter(DedupConfig())
+    dedup.check_batch(list(enumerate(natural[:20])))
+    state = dedup.state_dict()
+    if damage == "rensa_algorithm":
+        state[damage] += 1
+    elif damage == "rensa_fingerprint":
+        state[damage] = state[damage] ^ np.uint32(1)
+    else:  # the seed of the state decides the permutations, so a fingerprint must follow it
+        state["config"] = {**state["config"], "seed": 9}
+    with pytest.raises(ValueError, match="permutes differently"):
+        _restored(state)
+    _restored(dedup.state_dict())  # the undamaged state loads
+
+
+def test_missing_rensa_is_a_clear_error_and_numpy_still_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "rensa", None)  # import rensa now raises ImportError
+    with pytest.raises(ImportError, match=re.escape("dedup.backend is 'rensa' but the rensa")):
+        DuplicateFilter(DedupConfig())
+    dedup = DuplicateFilter(DedupConfig(backend="numpy"))
+    assert dedup.check(1, "some words here").keep and not dedup.check(2, "Some words HERE").keep

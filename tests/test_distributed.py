@@ -90,3 +90,18 @@ def test_two_ranks_differ_from_one_rank_with_half_the_batch(ddp_run: Path, tmp_p
         torch.allclose(t, half["model"][n], rtol=1e-4, atol=1e-5)  # type: ignore[index]
         for n, t in ddp["model"].items()  # type: ignore[attr-defined]
     )
+
+
+def test_two_ranks_agree_on_the_quality_sampling_weights(tmp_path: Path) -> None:
+    """Every rank reads the whole stream and keeps its share, so every rank must draw the
+    same sources: the weights come from totals reduced over ranks, the same on each."""
+    run_dir = tmp_path / "run"
+    args = [*TINY, "--steps", "10", "--data-mix", "llama", "--enable", "quality_sampling"]
+    _ok(torchrun(2, *args, "--run-dir", str(run_dir)))
+    journal = read_journal(run_dir)
+    events = {r: [e.fields for e in journal.of_kind("data_weights") if e.rank == r] for r in (0, 1)}
+    assert [e.step for e in journal.of_kind("data_weights") if e.rank == 0] == [10]
+    assert events[0] == events[1]
+    weights = events[0][0]["weights"]
+    assert weights != {"web": 0.60, "encyclopedia": 0.15, "code": 0.25}  # they moved
+    assert journal.losses(0) == journal.losses(1)

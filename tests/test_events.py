@@ -22,7 +22,9 @@ def test_each_event_has_the_fields_of_its_kind(event: type[events.Reported]) -> 
     _, spec = EVENT_KINDS[event.kind]
     own = {f.name: f for f in dataclasses.fields(event)}
     # Fields the agent adds from its own evidence are not the trainer's to report.
-    agents = {"params_finite", "grads_repaired"} if event.kind == "step" else set()
+    agents = (
+        {"params_finite", "params_fingerprint", "grads_repaired"} if event.kind == "step" else set()
+    )
     assert set(own) == set(spec) - agents - set(COMMON_FIELDS)
     hints = typing.get_type_hints(event)
     for name, field in own.items():

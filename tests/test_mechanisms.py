@@ -11,6 +11,7 @@ import pytest
 from harness.mechanisms import LAUNCHER_MECHANISMS, MECHANISMS, OPT_IN, TRAINER_MECHANISMS
 from harness.suites.scenario import TrainerSpec
 from reference_trainer.cli import build_parser
+from reference_trainer.config import preset
 from reference_trainer.stability.mechanisms import StabilityConfig
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "stability.md"
@@ -58,8 +59,17 @@ def test_the_trainer_and_the_suite_accept_exactly_the_opt_ins() -> None:
         StabilityConfig().enable("seatbelt")
 
 
-@pytest.mark.parametrize("name", sorted(OPT_IN))
-def test_each_opt_in_switches_something_on_but_not_under_fragile(name: str) -> None:
+#: Opt-ins of the data path, not of stability: `TrainConfig.enable` switches them.
+DATA_OPT_IN = {"dynamic_batching"}
+#: Opt-ins that act on a detector's claims: under --fragile the detector is off, so
+#: there is nothing to switch on.
+_NEED_A_DETECTOR = {"forecast_acting"}
+
+
+@pytest.mark.parametrize("name", sorted(set(OPT_IN) - DATA_OPT_IN))
+def test_each_opt_in_switches_something_on_and_under_fragile_only_without_a_detector(
+    name: str,
+) -> None:
     config = StabilityConfig()
     before = repr(config)
     config.enable(name)
@@ -67,4 +77,23 @@ def test_each_opt_in_switches_something_on_but_not_under_fragile(name: str) -> N
     fragile = StabilityConfig.fragile()
     before = repr(fragile)
     fragile.enable(name)
-    assert repr(fragile) == before  # its detector is off: nothing to switch on
+    assert (repr(fragile) == before) == (name in _NEED_A_DETECTOR)
+
+
+@pytest.mark.parametrize("name", sorted(OPT_IN))
+def test_the_trainer_config_switches_every_opt_in_on(name: str) -> None:
+    config = preset("tiny")
+    before = repr(config)
+    config.enable(name)
+    assert repr(config) != before, f"--enable {name} changed nothing"
+
+
+@pytest.mark.parametrize("name", sorted(DATA_OPT_IN))
+def test_a_data_opt_in_is_not_a_stability_mechanism(name: str) -> None:
+    with pytest.raises(KeyError):
+        StabilityConfig().enable(name)
+    config = preset("tiny")
+    config.stability = StabilityConfig.fragile()
+    before = repr(config.stability)
+    config.enable(name)  # the negative control still trains on what was asked
+    assert repr(config.stability) == before and repr(config) != repr(preset("tiny"))

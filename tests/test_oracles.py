@@ -322,6 +322,9 @@ def _ask_everything() -> Expect:
         max_contamination_consumed=0,
         max_false_alarms=0,
         loss_scale_recovered=True,
+        max_fallback_rate=0.01,
+        max_toxic_consumed=0,
+        replicas_consistent=True,
         max_phrase_collapse={"k": 8},
     )
 
@@ -350,6 +353,9 @@ def test_judge_on_a_handled_fault(tmp_path: Path) -> None:
         "max_contamination_consumed": "not judged",  # the synthetic steps report no docs
         "max_false_alarms": "passed",
         "loss_scale_recovered": "not judged",  # an fp32 run
+        "max_fallback_rate": "not judged",  # the synthetic steps report no token counts
+        "max_toxic_consumed": "not judged",  # no step reports contaminated_kinds
+        "replicas_consistent": "not judged",  # one rank
         "max_phrase_collapse": "not judged",  # no phrase planted, no generations
     }
 

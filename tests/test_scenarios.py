@@ -10,7 +10,7 @@ import pytest
 
 from faults import FaultPlan, FaultSpecError
 from harness.suites.keywords import KeywordError, keyword_match
-from harness.suites.scenario import TrainerSpec
+from harness.suites.scenario import Expect, TrainerSpec
 from harness.suites.scenario_schema import suite_schema
 from harness.suites.suite_loader import ScenarioError, load_suite, parse_suite
 
@@ -95,9 +95,7 @@ scenarios:
         f"{path}:15: scenarios[1].expect.max_lost_steps: Input should be greater than or equal "
         "to 0 (got -1)",
         f"{path}:14: scenarios[1].expect.detectd: unknown check 'detectd'; expected one of "
-        "detected, params_finite, completed, final_loss_within, max_lost_steps, mttr, "
-        "no_corrupt_checkpoint_loaded, max_contamination_consumed, max_false_alarms, "
-        "loss_scale_recovered",
+        f"{', '.join(Expect.model_fields)}",
         f"{path}:17: scenarios[2].faults[0].kind: unknown fault kind 'nosuch'; see "
         "`tightrope faults`",
     ]

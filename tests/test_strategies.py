@@ -62,7 +62,7 @@ def check_spec(spec: FaultSpec, max_step: int, world_size: int) -> None:
         assert spec.ranks and all(0 <= r < world_size for r in spec.ranks)
     if spec.after_seconds is None:
         assert any(spec.fires_at(s) for s in range(1, max_step + 1)), spec
-    if spec.kind == "duplicate_contamination":
+    if spec.kind in ("duplicate_contamination", "tokenizer_stress"):
         assert spec.at_step == 1 and spec.every is None
 
 
@@ -77,7 +77,8 @@ def test_every_drawn_spec_is_valid(spec: FaultSpec) -> None:
 def test_every_drawn_plan_is_valid_and_round_trips(plan: FaultPlan) -> None:
     assert FaultPlan.from_dict(plan.to_dict()) == plan
     assert len(plan) <= 5
-    assert sum(s.kind == "duplicate_contamination" for s in plan) <= 1  # the agent refuses two
+    # The agent refuses two faults on the document stream.
+    assert sum(s.kind in ("duplicate_contamination", "tokenizer_stress") for s in plan) <= 1
     for spec in plan:
         check_spec(spec, 40, 3)
 
@@ -85,6 +86,12 @@ def test_every_drawn_plan_is_valid_and_round_trips(plan: FaultPlan) -> None:
 @FEW
 @given(fault_plans(kinds=["duplicate_contamination"], max_faults=4))
 def test_duplicate_contamination_alone_gives_at_most_one(plan: FaultPlan) -> None:
+    assert len(plan) <= 1
+
+
+@FEW
+@given(fault_plans(kinds=["duplicate_contamination", "tokenizer_stress"], max_faults=4))
+def test_the_document_stream_kinds_together_give_at_most_one(plan: FaultPlan) -> None:
     assert len(plan) <= 1
 
 
@@ -155,6 +162,7 @@ BAD: list[tuple[Callable[..., Any], dict[str, Any], str]] = [
     (fault_plans, {"min_faults": 3, "max_faults": 2}, "min_faults"),
     (fault_plans, {"max_faults": -1}, "max_faults"),
     (fault_plans, {"kinds": ["duplicate_contamination"], "min_faults": 2}, "min_faults"),
+    (fault_plans, {"kinds": ["tokenizer_stress"], "min_faults": 2}, "min_faults"),
     (fault_plans, {"swarm": 1}, "swarm"),
     (steps, {"max_step": 0}, "max_step"),
     (steps, {"max_step": True}, "max_step"),

@@ -52,9 +52,10 @@ from faults import (
 from harness.inside.hooks import GradientHook
 from harness.inside.live_inbox import LiveInbox
 from harness.inside.process_group import broadcast_text
-from harness.inside.step_evidence import grads_finite, params_finite
+from harness.inside.step_evidence import grads_finite, params_fingerprint, params_finite
 from harness.records.events import (
     Claim,
+    DataWeightsObserved,
     FileLoaded,
     FileLoadFailed,
     FileSaved,
@@ -249,6 +250,13 @@ class Agent:
             self.check_params_every > 0 and self.step % self.check_params_every == 0
         )
 
+    @property
+    def fingerprint_due(self) -> bool:
+        """True when this step's parameters are fingerprinted: on the periodic check steps
+        (the same steps on every rank, so replicas can be compared), with several ranks."""
+        every = self.check_params_every
+        return self.world_size > 1 and every > 0 and self.step % every == 0
+
     def observe_step(self, observed: StepObserved) -> None:
         """Journal the `step` event with what the agent observed itself: whether the update
         happened (``skipped``) and, when due, whether every parameter is finite."""
@@ -259,6 +267,8 @@ class Agent:
             observations["grads_repaired"] = True
         if self.check_due and self.model is not None:
             observations["params_finite"] = params_finite(self.model)
+        if self.fingerprint_due and self.model is not None:
+            observations["params_fingerprint"] = f"{params_fingerprint(self.model):016x}"
         self.journal.emit("step", self.step, **observations)
 
     def end_step(self) -> None:
@@ -291,6 +301,10 @@ class Agent:
 
     def observe_layers(self, event: LayerStatsObserved) -> None:
         """Journal the per-layer statistics the trainer measured at this step."""
+        self.journal.emit(event.kind, self.step, **event.fields())
+
+    def observe_data(self, event: DataWeightsObserved) -> None:
+        """Journal the corpus's sampling weights the trainer set at this step."""
         self.journal.emit(event.kind, self.step, **event.fields())
 
     def observe_file(self, event: FileSaved | FileLoaded | FileLoadFailed) -> None:

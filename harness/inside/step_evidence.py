@@ -3,6 +3,7 @@ the gradients cleared (an update given up)? Samples, compared bit for bit."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,6 +85,29 @@ class GradMark:
 def params_finite(model: nn.Module) -> bool:
     """True when every parameter of ``model`` is finite."""
     return _tensors_finite([p.detach() for p in model.parameters() if p.numel()])
+
+
+#: The integer dtype with the same width as a float dtype, to read its bits.
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def params_fingerprint(model: nn.Module) -> int:
+    """A 64-bit digest of every parameter's bits, in order: replicas holding bit-identical
+    parameters agree, and one flipped bit anywhere changes it.
+
+    Per tensor, the sum of its elements' bit patterns read as integers (flipping bit k of
+    one element moves that sum by 2**k, so it cannot go unseen), in one pass and one sync;
+    the sums are then hashed together.
+    """
+    params = [p.detach() for p in model.parameters() if p.numel()]
+    if not params:
+        return 0
+    with torch.no_grad():
+        sums = torch.stack(
+            [t.contiguous().view(_BITS[t.element_size()]).sum(dtype=torch.int64) for t in params]
+        )
+    digest = hashlib.blake2b(sums.cpu().numpy().tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def grads_finite(model: nn.Module) -> bool:

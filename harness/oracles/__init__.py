@@ -11,8 +11,9 @@ from __future__ import annotations
 from harness.oracles.base import ExpectOracle
 from harness.oracles.checkpoints import NoCorruptCheckpointLoadedOracle
 from harness.oracles.collapse import PhraseCollapseOracle
-from harness.oracles.data import ContaminationOracle
+from harness.oracles.data import ContaminationOracle, ToxicOracle
 from harness.oracles.detection import DetectedOracle, FalseAlarmsOracle
+from harness.oracles.fallback import FallbackRateOracle
 from harness.oracles.health import (
     CompletedOracle,
     FinalLossOracle,
@@ -20,6 +21,7 @@ from harness.oracles.health import (
     ParamsFiniteOracle,
 )
 from harness.oracles.recovery import LostStepsOracle, MttrOracle
+from harness.oracles.replicas import ReplicasConsistentOracle
 from harness.oracles.verdict import Check, Evidence, Oracle
 from harness.suites.scenario import Expect
 
@@ -29,6 +31,7 @@ __all__ = [
     "ContaminationOracle",
     "DetectedOracle",
     "ExpectOracle",
+    "FallbackRateOracle",
     "FalseAlarmsOracle",
     "FinalLossOracle",
     "LossScaleRecoveredOracle",
@@ -37,6 +40,8 @@ __all__ = [
     "NoCorruptCheckpointLoadedOracle",
     "ParamsFiniteOracle",
     "PhraseCollapseOracle",
+    "ReplicasConsistentOracle",
+    "ToxicOracle",
     "build_oracles",
     "judge",
 ]
@@ -55,6 +60,9 @@ ORACLES: dict[str, type[ExpectOracle]] = {
         ContaminationOracle,
         FalseAlarmsOracle,
         LossScaleRecoveredOracle,
+        FallbackRateOracle,
+        ToxicOracle,
+        ReplicasConsistentOracle,
         PhraseCollapseOracle,
     )
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.verdict import Check, Evidence
@@ -14,34 +14,61 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+ConsumedT = TypeVar("ConsumedT", bound="ContaminationOracle")
+
+
 @dataclass(frozen=True)
 class ContaminationOracle(ExpectOracle):
-    """At most this many injected duplicate documents entered training, on all ranks."""
+    """At most this many injected documents entered training, on all ranks: of every
+    contamination kind, or of ``kind`` alone."""
 
     name = "max_contamination_consumed"
     bound: int = 0
+    #: One contamination kind (`contaminated_kinds` of the step events); None: all of them.
+    kind: ClassVar[str | None] = None
 
     @classmethod
-    def from_expect(cls, value: Any) -> ContaminationOracle:
-        """From ``max_contamination_consumed: N``."""
+    def from_expect(cls: type[ConsumedT], value: Any) -> ConsumedT:
+        """From ``max_contamination_consumed: N`` (or the kind's own key)."""
         return cls(bound=int(value))
 
+    def _consumed(self, step: Any) -> int | None:
+        """What one step event reports, None when it reports nothing."""
+        if self.kind is None:
+            return (
+                _count(step.get("contaminated_docs"))
+                if "contaminated_docs" in step.fields
+                else None
+            )
+        kinds = step.get("contaminated_kinds")
+        return _count(kinds.get(self.kind)) if isinstance(kinds, dict) else None
+
     def judge(self, evidence: Evidence) -> Check:
-        """Contaminated documents summed over every step of every rank and attempt."""
+        """Injected documents summed over every step of every rank and attempt."""
         expected = f"<= {self.bound} docs"
+        field = "contaminated_docs" if self.kind is None else "contaminated_kinds"
         # Every attempt counts: a document trained on before a rollback was still consumed.
         steps = evidence.journal.of_kind("step")
-        reported = [e for e in steps if "contaminated_docs" in e.fields]
+        reported = [n for n in map(self._consumed, steps) if n is not None]
         if not reported:
-            what = "no step reports contaminated_docs" if steps else "no step was reported"
+            what = f"no step reports {field}" if steps else "no step was reported"
             return self.not_judged(f"never observed: {what}", unit="docs", expected=expected)
-        consumed = sum(_count(e.get("contaminated_docs")) for e in reported)
+        consumed = sum(reported)
         docs = sum(_count(e.get("docs")) for e in steps)
+        what = "contaminated" if self.kind is None else self.kind
         return self.verdict(
             consumed <= self.bound,
             consumed,
             unit="docs",
             expected=expected,
-            detail=f"{consumed} contaminated of {docs} documents trained on",
+            detail=f"{consumed} {what} of {docs} documents trained on",
             docs=docs,
         )
+
+
+@dataclass(frozen=True)
+class ToxicOracle(ContaminationOracle):
+    """At most this many injected toxic documents entered training, on all ranks."""
+
+    name = "max_toxic_consumed"
+    kind: ClassVar[str | None] = "toxic"

@@ -133,8 +133,12 @@ class StepObserved(Reported):
     skipped: bool = OMIT
     docs: int = OMIT
     contaminated_docs: int = OMIT
+    contaminated_kinds: dict[str, int] = OMIT
+    fallback_tokens: int = OMIT
+    batch_tokens: int = OMIT
     grad_variance: float = OMIT
     warmup_factor: float = OMIT
+    pad_tokens: int = OMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,6 +148,17 @@ class LayerStatsObserved(Reported):
     kind: ClassVar[str] = "layer_stats"
     layers: dict[str, dict[str, float | None]]
     anomaly: bool = OMIT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataWeightsObserved(Reported):
+    """The corpus's sampling weights and what moved them (quality-weighted sampling)."""
+
+    kind: ClassVar[str] = "data_weights"
+    weights: dict[str, float]
+    quality: dict[str, float]
+    losses: dict[str, float | None] = OMIT
+    tokens: dict[str, int] = OMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,6 +206,7 @@ ALL: tuple[type[Reported], ...] = (
     Restart,
     RankLost,
     StepObserved,
+    DataWeightsObserved,
     FileSaved,
     FileLoaded,
     FileLoadFailed,

@@ -125,6 +125,12 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                     "Observed by the agent: the step ended with no update (no optimizer step "
                     "and, for a trainer that updates by hand, parameters unchanged).",
                 ),
+                params_fingerprint=FieldSpec(
+                    "str",
+                    "Observed by the agent with several ranks, on its periodic check steps: a "
+                    "64-bit digest (16 hex digits) of every parameter's bits after the step; "
+                    "replicas of a data-parallel job must agree (`replicas_consistent`).",
+                ),
                 grads_repaired=FieldSpec(
                     "bool",
                     "Observed by the agent: a fault left gradients non-finite after backward, "
@@ -133,7 +139,20 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 ),
                 docs=FieldSpec("int", "Documents that entered the training stream this step."),
                 contaminated_docs=FieldSpec(
-                    "int", "Of those, injected duplicates (tagged by the contamination fault)."
+                    "int", "Of those, injected documents (tagged by a contamination fault)."
+                ),
+                contaminated_kinds=FieldSpec(
+                    "object",
+                    "The injected documents trained on, by contamination kind (`exact`, "
+                    "`near`, `paraphrase`, ...): kind -> count.",
+                ),
+                fallback_tokens=FieldSpec(
+                    "int",
+                    "Reference trainer: byte-fallback tokens among the token ids this rank's "
+                    "batch brought to the model (docs/stability.md, tokenizer_fallback).",
+                ),
+                batch_tokens=FieldSpec(
+                    "int", "Token ids in this rank's batch, which `fallback_tokens` counts over."
                 ),
                 grad_variance=FieldSpec(
                     "float",
@@ -145,6 +164,11 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                     "float",
                     "Reference trainer, during warmup: the multiplier "
                     "1 / (1 + 10 * grad_variance) already applied to `lr`.",
+                ),
+                pad_tokens=FieldSpec(
+                    "int",
+                    "Reference trainer, with dynamic batching: padded positions of the step "
+                    "(ignored by the loss), summed over ranks; `tokens` counts the real ones.",
                 ),
             ),
         ),
@@ -197,6 +221,32 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                     required=True,
                 ),
                 anomaly=FieldSpec("bool", "Journaled because a detector fired at this step."),
+            ),
+        ),
+        "data_weights": (
+            "Quality-weighted sampling (reference trainer, opt-in `quality_sampling`): the "
+            "corpus's sampling weights after a step and what moved them (every few steps and "
+            "at the last).",
+            _kind(
+                weights=FieldSpec(
+                    "object",
+                    "Source -> share of the next documents drawn from it (they sum to 1).",
+                    required=True,
+                ),
+                quality=FieldSpec(
+                    "object",
+                    "Source -> quality score: moving average over good steps of the step's "
+                    "mean loss divided by the source's own (1: average; docs/data.md).",
+                    required=True,
+                ),
+                losses=FieldSpec(
+                    "object",
+                    "Source -> the step's mean loss on its tokens, over all ranks; null when "
+                    "it had too few tokens or the step was skipped.",
+                ),
+                tokens=FieldSpec(
+                    "object", "Source -> target tokens of the step's batch, over all ranks."
+                ),
             ),
         ),
         "checkpoint_saved": (

@@ -87,6 +87,8 @@ def reference_command(
             argv += ["--disable", name]
     for name in spec.enable:
         argv += ["--enable", name]
+    if spec.data_mix is not None:
+        argv += ["--data-mix", spec.data_mix]
     if stop_after is not None:
         argv += ["--stop-after", str(stop_after)]
     if plan is not None:

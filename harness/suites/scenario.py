@@ -24,6 +24,7 @@ from faults import FaultPlan, FaultSpec
 from faults.errors import FaultSpecError
 from faults.registry import parse_fault
 from faults.spec import FaultClass
+from harness.data_mixes import DATA_MIXES
 from harness.mechanisms import MECHANISMS, OPT_IN
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
@@ -107,6 +108,11 @@ class TrainerSpec(_Model):
         default_factory=list,
         description="Opt-in mechanisms to switch on (reference): see harness.mechanisms.OPT_IN.",
     )
+    data_mix: str | None = Field(
+        default=None,
+        description="The corpus's named mix (reference): see harness.data_mixes.DATA_MIXES; "
+        "default: the trainer's default mix.",
+    )
     timeout: float = Field(
         default=300.0,
         gt=0,
@@ -138,6 +144,13 @@ class TrainerSpec(_Model):
     def _known_opt_ins(cls, value: list[str]) -> list[str]:
         return _known(value, OPT_IN, "opt-in mechanism(s)")
 
+    @field_validator("data_mix")
+    @classmethod
+    def _known_mix(cls, value: str | None) -> str | None:
+        if value is not None:
+            _known([value], DATA_MIXES, "data mix")
+        return value
+
     @model_validator(mode="after")
     def _command_or_reference(self) -> TrainerSpec:
         if self.command is not None and not self.command.strip():
@@ -148,6 +161,8 @@ class TrainerSpec(_Model):
             raise ValueError(
                 "disable, enable and resume_after apply to the reference trainer, not to a command"
             )
+        if self.command is not None and self.data_mix is not None:
+            raise ValueError("data_mix applies to the reference trainer, not to a command")
         if self.cwd is not None and self.command is None:
             raise ValueError("cwd applies to a command trainer; the reference trainer has none")
         if self.sample_command is not None and (
@@ -268,6 +283,11 @@ class Expect(_Model):
     max_contamination_consumed: int | None = Field(default=None, ge=0)
     max_false_alarms: int | None = Field(default=None, ge=0)
     loss_scale_recovered: LossScaleExpect | bool | None = None
+    max_fallback_rate: float | None = Field(
+        default=None, ge=0, le=1, description="Largest share of byte-fallback tokens trained on."
+    )
+    max_toxic_consumed: int | None = Field(default=None, ge=0)
+    replicas_consistent: bool | None = None
     max_phrase_collapse: PhraseCollapseExpect | None = None
 
     def checks(self) -> list[str]:

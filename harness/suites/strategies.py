@@ -25,11 +25,11 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 from faults.bitflip import LAYOUTS
-from faults.data import KIND as CONTAMINATION
 from faults.plan import FaultPlan
 from faults.registry import kinds as registered_kinds
 from faults.registry import parse_fault
 from faults.spec import FaultSpec
+from faults.tokenizer_stress import STRESS_KINDS
 
 __all__ = ["bit_positions", "fault_plans", "fault_specs", "ranks", "steps"]
 
@@ -131,6 +131,7 @@ def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
     spike = st.sampled_from([100.0, 1e4]) | st.floats(1, 1e6, exclude_min=True)
     kept = st.sampled_from([0.0, 0.99]) | st.floats(0, 1, exclude_max=True)
     pause = st.sampled_from([0.1, 1.0]) | st.floats(0, 60, exclude_min=True)
+    rate = st.sampled_from([0.05, 0.001]) | st.floats(0.001, 0.05)
     return {
         "nan_grad": _fields(aim, fraction=share),
         "inf_grad": _fields(aim, fraction=share),
@@ -155,11 +156,26 @@ def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
         "kill": _fields(),
         "hang": _fields(resume_after=pause),  # left out: never resumed
         "preempt": _fields(grace_seconds=st.just(0.0) | pause),
-        CONTAMINATION: _fields(
-            {"rate": st.sampled_from([0.05, 0.001]) | st.floats(0.001, 0.05)},
+        "duplicate_contamination": _fields(
+            {"rate": rate},
             near_fraction=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
             edits=st.integers(1, 5),
             pool=st.integers(1, 64),
+        ),
+        "paraphrase_contamination": _fields(
+            {"rate": rate},
+            swap=st.sampled_from([1.0, 0.5]) | st.floats(0, 1, exclude_min=True),
+            reorder=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
+            pool=st.integers(1, 64),
+        ),
+        "tokenizer_stress": _fields(
+            {"rate": st.sampled_from([0.5, 0.001]) | st.floats(0.001, 0.5)},
+            kinds=st.lists(st.sampled_from(STRESS_KINDS), min_size=1, unique=True),
+            words=st.sampled_from([4, 1000]) | st.integers(4, 1000),
+        ),
+        "toxic_contamination": _fields(
+            {"rate": st.sampled_from([0.2, 0.001]) | st.floats(0.001, 0.2)},
+            context=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
         ),
     }
 
@@ -195,7 +211,7 @@ def _common(max_step: int, world_size: int, checkpoint_every: int | None, timed:
 def _spec(draw: st.DrawFn, kind: str, own: Fields, common: Fields, max_step: int) -> FaultSpec:
     """One validated spec of ``kind``; a probability spec's seed is bumped until it fires."""
     data: dict[str, Any] = {"kind": kind, "seed": draw(st.integers(0, 2**32 - 1)), **draw(own)}
-    if kind == CONTAMINATION:
+    if _on_documents(kind):
         data["at_step"] = 1  # the stream is contaminated from the start; ranks are ignored
     else:
         data |= draw(common)
@@ -206,6 +222,11 @@ def _spec(draw: st.DrawFn, kind: str, own: Fields, common: Fields, max_step: int
         data["seed"] += 1  # rare: the probability is at least max(1/max_step, 1%)
         spec = parse_fault(data, f"drawn {kind}")
     return spec
+
+
+def _on_documents(kind: str) -> bool:
+    """Whether ``kind`` acts on the document stream (a plan holds at most one such fault)."""
+    return registered_kinds()[kind].spec.reach == "documents"
 
 
 def _kind_specs(kinds: object, targets: object, dtype: str, *when: Any) -> Specs:
@@ -239,8 +260,10 @@ def _plan(draw: st.DrawFn, specs: Specs, sizes: SearchStrategy[int], swarm: bool
     on = draw(st.lists(st.sampled_from(names), min_size=1, unique=True)) if swarm else names
     faults: list[FaultSpec] = []
     for _ in range(draw(sizes)):
-        once = {CONTAMINATION} & {f.kind for f in faults}  # the agent refuses a second one
-        pool = [k for k in on if k not in once] or [k for k in names if k not in once]
+        # The agent refuses a second fault on the document stream.
+        taken = any(_on_documents(f.kind) for f in faults)
+        free = [k for k in names if not (taken and _on_documents(k))]
+        pool = [k for k in on if k in free] or free
         faults.append(draw(specs[draw(st.sampled_from(pool))]))
     return FaultPlan(tuple(faults))
 
@@ -266,7 +289,10 @@ def fault_plans(
         raise InvalidArgument(f"swarm={swarm!r}: expected True or False")
     if min_faults > max_faults:
         raise InvalidArgument(f"min_faults={min_faults} must be <= max_faults={max_faults}")
-    most = min(max_faults, 1) if set(specs) == {CONTAMINATION} else max_faults
+    most = min(max_faults, 1) if all(map(_on_documents, specs)) else max_faults
     if min_faults > most:
-        raise InvalidArgument(f"min_faults={min_faults}: a plan holds one {CONTAMINATION}")
+        raise InvalidArgument(
+            f"min_faults={min_faults}: a plan holds one fault on the document stream "
+            f"({', '.join(sorted(specs))})"
+        )
     return _plan(specs, st.integers(min_faults, most), swarm)

@@ -1,4 +1,4 @@
-"""Deterministic synthetic corpus: four styles of English-ish text mixed by weight."""
+"""Deterministic synthetic corpus: six styles of English-ish text mixed by weight."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 from reference_trainer.model_and_data.corpus_sources import GENERATORS as _GENERATORS
 
-SOURCE_NAMES: tuple[str, ...] = ("technical_docs", "social_chatter", "product_reviews", "code")
+#: New sources go at the end: a source's place decides which documents a seeded draw picks,
+#: so appending (at weight 0 in the default mix) leaves every existing corpus unchanged.
+SOURCE_NAMES: tuple[str, ...] = (
+    "technical_docs",
+    "social_chatter",
+    "product_reviews",
+    "code",
+    "web",
+    "encyclopedia",
+)
 
 
 # ---------------------------------------------------------------- public API
@@ -68,6 +77,10 @@ class Corpus:
 
     def __repr__(self) -> str:
         return f"Corpus(weights={self._weights!r}, seed={self._seed!r})"
+
+    def reweighted(self, weights: Mapping[str, float]) -> Corpus:
+        """The same corpus (seed) drawing its sources by other weights."""
+        return Corpus(weights, self._seed)
 
     def document(self, index: int) -> Document:
         """The document at `index`: a pure function of (weights, seed, index)."""

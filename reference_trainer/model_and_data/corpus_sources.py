@@ -1,5 +1,6 @@
-"""The four sources of the built-in corpus: technical docs, social chatter and product
-reviews here, code in `corpus_code`, each composed from word lists and templates
+"""The sources of the built-in corpus: technical docs, social chatter and product
+reviews here, code in `corpus_code`, web pages in `corpus_web`, encyclopedia articles in
+`corpus_encyclopedia`, each composed from word lists and templates
 (`corpus_templates`). Every choice comes from the `random.Random` passed in, so a document
 is a pure function of its seed (see `reference_trainer.model_and_data.corpus`)."""
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from reference_trainer.model_and_data.corpus_code import code_document
+from reference_trainer.model_and_data.corpus_encyclopedia import encyclopedia_article
 from reference_trainer.model_and_data.corpus_templates import (
     Fill,
     Slots,
@@ -22,6 +24,7 @@ from reference_trainer.model_and_data.corpus_templates import (
     templates,
     words,
 )
+from reference_trainer.model_and_data.corpus_web import web_page
 
 # ---------------------------------------------------------------- technical_docs
 _T_PROJECT = words("""Kestrel Ferrite Nimbus Osprey Quarry Halyard Lattice Tamarack Cobalt Juniper
@@ -285,5 +288,7 @@ GENERATORS: Mapping[str, Callable[[random.Random], str]] = MappingProxyType(
         "social_chatter": _social_chatter,
         "product_reviews": _product_reviews,
         "code": code_document,
+        "web": web_page,
+        "encyclopedia": encyclopedia_article,
     }
 )

@@ -1,4 +1,5 @@
-"""The training stream: documents -> (contamination fault) -> duplicate filter -> tokens
+"""The training stream: documents -> (contamination fault) -> the document stages
+(duplicate filter, semantic dedup, ...) -> tokens
 with the special-token layout -> fixed windows, handed out per rank per step. Its position
 (a few integers, the filter's index) is saved with every checkpoint."""
 
@@ -12,12 +13,15 @@ import numpy as np
 import torch
 
 from reference_trainer.config import DataConfig
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.dedup import DuplicateFilter
+from reference_trainer.model_and_data.corpus import SOURCE_NAMES, Corpus
 from reference_trainer.model_and_data.nested import map_leaves
+from reference_trainer.model_and_data.stages import DocumentStage
+from reference_trainer.model_and_data.token_fallback import TokenFallback
 
 #: Documents tokenized together; larger batches tokenize faster, the buffer grows with it.
 _ENCODE_BATCH = 16
+#: A source's id in a stream's source tags (-1: unknown).
+_SOURCE_IDS = {name: i for i, name in enumerate(SOURCE_NAMES)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,23 +83,62 @@ class DataCounters:
 
     docs: int = 0
     contaminated_docs: int = 0
-    dropped: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> reason -> n
-    contaminated_dropped: int = 0
+    #: Documents trained on, by contamination kind ("exact", "near", "paraphrase", ...).
+    contaminated_kinds: dict[str, int] = field(default_factory=dict)
+    #: stage -> source -> reason -> documents that stage dropped.
+    dropped: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    #: stage -> injected documents among those it dropped.
+    contaminated_dropped: dict[str, int] = field(default_factory=dict)
+
+    def count_drop(self, stage: str, doc: Any, reason: str) -> None:
+        """One document dropped by ``stage`` for ``reason``."""
+        by_reason = self.dropped.setdefault(stage, {}).setdefault(doc.source, {})
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+        if _contamination_kind(doc) is not None:
+            self.contaminated_dropped[stage] = self.contaminated_dropped.get(stage, 0) + 1
+
+    def retract(self, doc: Any) -> None:
+        """A document counted as kept that a later step (the tokenizer fallback) dropped."""
+        self.docs -= 1
+        kind = _contamination_kind(doc)
+        if kind is not None:
+            self.contaminated_docs -= 1
+            self.contaminated_kinds[kind] -= 1
+            if not self.contaminated_kinds[kind]:
+                del self.contaminated_kinds[kind]
+
+    def count_kept(self, doc: Any) -> None:
+        """One document that goes into training."""
+        self.docs += 1
+        kind = _contamination_kind(doc)
+        if kind is not None:
+            self.contaminated_docs += 1
+            self.contaminated_kinds[kind] = self.contaminated_kinds.get(kind, 0) + 1
+
+
+def _contamination_kind(doc: Any) -> str | None:
+    """The contamination kind of an injected document, None for an original."""
+    if getattr(doc, "contamination_of", None) is None:
+        return None
+    return str(getattr(doc, "contamination_kind", None) or "unknown")
 
 
 class DocumentPipeline:
-    """Corpus -> (contamination fault) -> (duplicate filter): the documents to train on."""
+    """Corpus -> (contamination fault) -> each stage in turn: the documents to train on."""
 
     def __init__(
         self,
         corpus: Corpus,
         *,
         wrap: Callable[[Iterator[Any]], StatefulStream] | None = None,
-        dedup: DuplicateFilter | None = None,
+        stages: Sequence[DocumentStage] = (),
     ) -> None:
+        names = [stage.name for stage in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"document stages need distinct names, got {names}")
         self.corpus = corpus
         self.wrap = wrap
-        self.dedup = dedup
+        self.stages = list(stages)
         self._start(0)
         self.counters = DataCounters()
 
@@ -103,22 +146,28 @@ class DocumentPipeline:
         self.reader = _CorpusReader(self.corpus, position)
         self.stream: Any = self.wrap(self.reader) if self.wrap else self.reader
 
+    def use_corpus(self, corpus: Corpus) -> None:
+        """Read the next documents from ``corpus`` (new sampling weights), same position."""
+        self.corpus = self.reader.corpus = corpus
+
     def next_documents(self, count: int) -> list[Any]:
-        """The next ``count`` documents that pass the filter."""
+        """The next ``count`` documents that every stage keeps."""
         out: list[Any] = []
         while len(out) < count:
-            doc = next(self.stream)
-            tainted = getattr(doc, "contamination_of", None) is not None
-            if self.dedup is not None:
-                verdict = self.dedup.check(doc.index, doc.text)
-                if not verdict.keep:
-                    by_reason = self.counters.dropped.setdefault(doc.source, {})
-                    by_reason[verdict.reason] = by_reason.get(verdict.reason, 0) + 1
-                    self.counters.contaminated_dropped += tainted
-                    continue
-            self.counters.docs += 1
-            self.counters.contaminated_docs += tainted
-            out.append(doc)
+            batch = [next(self.stream) for _ in range(count - len(out))]
+            for stage in self.stages:
+                if not batch:
+                    break
+                kept = []
+                for doc, verdict in zip(batch, stage.check_batch(batch), strict=True):
+                    if verdict.keep:
+                        kept.append(doc)
+                    else:
+                        self.counters.count_drop(stage.name, doc, verdict.reason)
+                batch = kept
+            for doc in batch:
+                self.counters.count_kept(doc)
+            out.extend(batch)
         return out
 
     def take_counters(self) -> DataCounters:
@@ -127,12 +176,11 @@ class DocumentPipeline:
         return counters
 
     def state_dict(self) -> dict[str, Any]:
-        """Corpus position plus the wrapper's and the filter's state."""
+        """Corpus position plus the wrapper's and every stage's state."""
         state: dict[str, Any] = {"position": self.reader.position}
         if self.wrap is not None:
             state["contamination"] = self.stream.state_dict()
-        if self.dedup is not None:
-            state["dedup"] = to_tensors(self.dedup.state_dict())
+        state["stages"] = {stage.name: to_tensors(stage.state_dict()) for stage in self.stages}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -140,8 +188,12 @@ class DocumentPipeline:
         self._start(int(state["position"]))
         if self.wrap is not None and "contamination" in state:
             self.stream.load_state_dict(state["contamination"])
-        if self.dedup is not None and "dedup" in state:
-            self.dedup.load_state_dict(to_numpy(state["dedup"]))
+        saved = dict(state.get("stages", {}))
+        if "dedup" in state:  # checkpoints written before stages had a common home
+            saved.setdefault("dedup", state["dedup"])
+        for stage in self.stages:
+            if stage.name in saved:
+                stage.load_state_dict(to_numpy(saved[stage.name]))
 
 
 def to_tensors(obj: Any) -> Any:
@@ -155,22 +207,47 @@ def to_numpy(obj: Any) -> Any:
 
 
 class TokenStream:
-    """Endless windows of ``window`` tokens cut, back to back, from the documents in order."""
+    """Endless windows of ``window`` tokens cut, back to back, from the documents in order.
+
+    With ``tag_sources``, a parallel buffer holds each token's source id (its index in
+    `SOURCE_NAMES`), and `last_sources` the ids of the windows `take` returned last.
+    """
 
     def __init__(
-        self, documents: DocumentPipeline, encode: Encoder, layout: TokenLayout, window: int
+        self,
+        documents: DocumentPipeline,
+        encode: Encoder,
+        layout: TokenLayout,
+        window: int,
+        *,
+        fallback: TokenFallback | None = None,
+        tag_sources: bool = False,
     ) -> None:
         self.documents = documents
         self.encode = encode
+        #: Re-tokenizes (or drops) documents with too many byte-fallback tokens.
+        self.fallback = fallback
         self.layout = layout
         self.window = window
         self.windows_taken = 0
         self._buffer: list[int] = []
+        self._sources: list[int] | None = [] if tag_sources else None
+        self.last_sources: list[list[int]] = []
 
     def _refill(self) -> None:
-        texts = [doc.text for doc in self.documents.next_documents(_ENCODE_BATCH)]
-        for ids in self.encode(texts):
-            self._buffer.extend(self.layout.wrap(ids))
+        docs = self.documents.next_documents(_ENCODE_BATCH)
+        if self.fallback is None:
+            encoded: list[list[int] | None] = list(self.encode([doc.text for doc in docs]))
+        else:
+            encoded = self.fallback.encode(docs, self.encode)
+        for doc, ids in zip(docs, encoded, strict=True):
+            if ids is None:  # dropped by the fallback: it never reaches the model
+                self.documents.counters.retract(doc)
+                continue
+            tokens = self.layout.wrap(ids)
+            self._buffer.extend(tokens)
+            if self._sources is not None:
+                self._sources.extend([_SOURCE_IDS.get(doc.source, -1)] * len(tokens))
 
     def take(self, count: int) -> list[list[int]]:
         """The next ``count`` windows."""
@@ -179,6 +256,12 @@ class TokenStream:
             self._refill()
         out = [self._buffer[i * self.window : (i + 1) * self.window] for i in range(count)]
         del self._buffer[:need]
+        if self._sources is not None:
+            tags = self._sources
+            self.last_sources = [
+                tags[i * self.window : (i + 1) * self.window] for i in range(count)
+            ]
+            del tags[:need]
         self.windows_taken += count
         return out
 
@@ -188,17 +271,24 @@ class TokenStream:
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the stream: enough to continue exactly where it stopped."""
-        return {
+        state: dict[str, Any] = {
             "documents": self.documents.state_dict(),
             "windows_taken": self.windows_taken,
             "buffer": torch.tensor(self._buffer, dtype=torch.int64),
         }
+        if self._sources is not None:
+            state["sources"] = torch.tensor(self._sources, dtype=torch.int8)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position saved by `state_dict`."""
         self.documents.load_state_dict(state["documents"])
         self.windows_taken = int(state["windows_taken"])
         self._buffer = [int(t) for t in state["buffer"].tolist()]
+        if self._sources is not None:  # saved untagged: the buffered tokens' sources unknown
+            saved = state.get("sources")
+            tags = [int(t) for t in saved.tolist()] if saved is not None else []
+            self._sources = tags if len(tags) == len(self._buffer) else [-1] * len(self._buffer)
 
 
 class ShardedLoader:
@@ -217,15 +307,19 @@ class ShardedLoader:
         self.grad_accum = grad_accum
         self.rank = rank
         self.world_size = world_size
+        #: Each token's source id in the last `next_step` (a tagging stream only).
+        self.last_sources: torch.Tensor | None = None
 
     def next_step(self) -> torch.Tensor:
         """This rank's windows for one step: int64 (grad_accum, batch_size, window)."""
         per_rank = self.batch_size * self.grad_accum
         windows = self.stream.take(per_rank * self.world_size)
-        mine = windows[self.rank * per_rank : (self.rank + 1) * per_rank]
-        return torch.tensor(mine, dtype=torch.int64).view(
-            self.grad_accum, self.batch_size, self.stream.window
-        )
+        mine = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+        shape = (self.grad_accum, self.batch_size, self.stream.window)
+        if self.stream.last_sources:
+            tags = self.stream.last_sources[mine]
+            self.last_sources = torch.tensor(tags, dtype=torch.int64).view(shape)
+        return torch.tensor(windows[mine], dtype=torch.int64).view(shape)
 
     def tokens_per_step(self) -> int:
         """Tokens trained on per step over all ranks (inputs, not counting the shift)."""

@@ -15,6 +15,7 @@ The monitor is a process, not a thread, because a stopped process stops all its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +71,7 @@ class Heartbeat:
         self.run_dir, self.rank, self.restart, self.world_size = run_dir, rank, restart, world_size
         self._intervals: deque[float] = deque(maxlen=config.window)
         self._last: float | None = None
+        self._step = 0
         self._monitor: subprocess.Popen[bytes] | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -86,10 +89,14 @@ class Heartbeat:
         if self._last is not None:
             self._intervals.append(now - self._last)
         self._last = now
+        self._step = step
+        self._write(step, self.timeout)
+
+    def _write(self, step: int, timeout: float) -> None:
         record = {
             "step": step,
             "wall": time.time(),
-            "timeout": self.timeout,
+            "timeout": timeout,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "restart": self.restart,
@@ -97,6 +104,20 @@ class Heartbeat:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, self.path)  # the monitor never reads half a heartbeat
+
+    @contextlib.contextmanager
+    def slow(self) -> Iterator[None]:
+        """Around a one-time slow operation inside a step (loading the embedding model,
+        seconds long, at the first document that needs it): the monitor allows it
+        ``initial_timeout``, and its duration is not learned as part of a step's."""
+        self._write(self._step, self.config.initial_timeout)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            if self._last is not None:
+                self._last += time.monotonic() - started
+            self._write(self._step, self.timeout)
 
     def start(self, step: int) -> None:
         """Write the first heartbeat and start the monitor process."""

@@ -12,6 +12,9 @@ from harness.mechanisms import TRAINER_MECHANISMS
 from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
+from reference_trainer.model_and_data.semantic_dedup import SemanticDedupConfig
+from reference_trainer.model_and_data.token_fallback import FallbackConfig
+from reference_trainer.model_and_data.toxicity import ToxicityConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
 from reference_trainer.stability.clipping import ClipConfig
@@ -20,7 +23,9 @@ from reference_trainer.stability.layer_watch import StallConfig
 from reference_trainer.stability.loss_scale import LossScaleConfig
 from reference_trainer.stability.loss_spikes import RobustZScoreConfig, SpikeConfig
 from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
+from reference_trainer.stability.quality_weights import QualitySamplingConfig
 from reference_trainer.stability.recovery import RecoveryConfig
+from reference_trainer.stability.replicas import ReplicaCheckConfig
 from reference_trainer.stability.surgery import SurgeryConfig
 
 
@@ -45,6 +50,9 @@ class StabilityConfig:
     )
     """Word 3-grams and Jaccard 0.5 catch light edits of short documents too (at 5-grams
     and 0.8 most copies under 100 words slip through); 50,000 documents bound the index."""
+    semantic_dedup: SemanticDedupConfig = field(default_factory=SemanticDedupConfig)
+    """After the hash filter: paraphrases, found by sentence embeddings of word-similar
+    candidates (docs/data.md)."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     preemption: bool = True
     """On SIGTERM, save an emergency checkpoint at the next step boundary, then exit."""
@@ -60,6 +68,14 @@ class StabilityConfig:
     """The cosine decays to this fraction of the peak learning rate and the last 20% of the
     run trains there (0: it decays to zero and the tail trains nothing)."""
     adaptive_warmup: AdaptiveWarmupConfig = field(default_factory=AdaptiveWarmupConfig)
+    tokenizer_fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    """Re-tokenize (or drop) documents whose byte-fallback rate is over the threshold."""
+    quality_sampling: QualitySamplingConfig = field(default_factory=QualitySamplingConfig)
+    """Opt-in: the corpus's sampling weights follow a per-source quality score."""
+    toxicity: ToxicityConfig = field(default_factory=ToxicityConfig)
+    """The three-tier toxicity filter (docs/data.md): lexicon, classifier, review queue."""
+    replica_check: ReplicaCheckConfig = field(default_factory=ReplicaCheckConfig)
+    """Ranks compare a fingerprint of their parameters; a mismatch restores a checkpoint."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -75,10 +91,13 @@ class StabilityConfig:
             "clipping",
             "recovery",
             "dedup",
+            "semantic_dedup",
             "layer_stats",
             "underflow",
             "surgery",
             "adaptive_warmup",
+            "tokenizer_fallback",
+            "replica_check",
         ):
             getattr(self, name).enabled = False
         elif name == "spikes":
@@ -96,6 +115,8 @@ class StabilityConfig:
             self.preemption = False
         elif name == "lr_floor":
             self.lr_floor = 0.0
+        elif name == "toxicity_filter":
+            self.toxicity.enabled = False
         else:
             raise KeyError(name)
 
@@ -105,6 +126,8 @@ class StabilityConfig:
         if name == "forecast_acting":
             if "forecast" in self.spikes.enabled and "forecast" not in self.spikes.acting:
                 self.spikes.acting = (*self.spikes.acting, "forecast")
+        elif name == "quality_sampling":  # needs no detector: on under --fragile too
+            self.quality_sampling.enabled = True
         else:
             raise KeyError(name)
 

@@ -1,0 +1,75 @@
+"""Did the replicas of a data-parallel job stay identical?"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from harness.oracles.base import ExpectOracle
+from harness.oracles.verdict import Check, Evidence
+
+FIELD = "params_fingerprint"
+
+
+def odd_ranks(fingerprints: dict[int, str]) -> list[int]:
+    """The ranks that differ from the others: those not holding the most common fingerprint,
+    or every rank when two fingerprints are equally common (two ranks that disagree)."""
+    counts = Counter(fingerprints.values()).most_common()
+    if len(counts) == 1:
+        return []
+    (top, held), (_, second) = counts[0], counts[1]
+    if held == second:
+        return sorted(fingerprints)
+    return sorted(rank for rank, fp in fingerprints.items() if fp != top)
+
+
+@dataclass(frozen=True)
+class ReplicasConsistentOracle(ExpectOracle):
+    """Every rank held the same parameters at each step the agent fingerprinted them, in
+    the run's surviving timeline (a diverged step that was rolled back and redone counts by
+    its redone attempt)."""
+
+    name = "replicas_consistent"
+
+    @classmethod
+    def from_expect(cls, value: Any) -> ReplicasConsistentOracle:
+        """From ``replicas_consistent: true``."""
+        return cls()
+
+    def judge(self, evidence: Evidence) -> Check:
+        """Steps at which two or more ranks' fingerprints differ."""
+        journal, expected = evidence.journal, "0 diverged steps"
+        by_step: dict[int, dict[int, str]] = {}
+        for rank in journal.ranks:
+            for step, event in journal.steps(rank).items():
+                value = event.get(FIELD)
+                if isinstance(value, str):
+                    by_step.setdefault(step, {})[rank] = value
+        compared = {s: fps for s, fps in by_step.items() if len(fps) >= 2}
+        if not compared:
+            what = (
+                "only one rank fingerprinted its parameters"
+                if by_step
+                else f"no step carries {FIELD} (one rank, or no check step)"
+            )
+            return self.not_judged(f"never observed: {what}", unit="steps", expected=expected)
+        diverged = {s: odd_ranks(fps) for s, fps in sorted(compared.items()) if odd_ranks(fps)}
+        if diverged:
+            first, ranks = next(iter(diverged.items()))
+            names = ", ".join(map(str, ranks))
+            detail = (
+                f"replicas differ at {len(diverged)} of {len(compared)} compared steps, the "
+                f"first at step {first} (rank(s) {names} differ)"
+            )
+        else:
+            detail = f"every rank agrees at all {len(compared)} compared steps"
+        return self.verdict(
+            not diverged,
+            len(diverged),
+            unit="steps",
+            expected=expected,
+            detail=detail,
+            compared=len(compared),
+            first_diverged_step=next(iter(diverged), None),
+        )
