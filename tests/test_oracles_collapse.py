@@ -60,7 +60,8 @@ def test_a_collapsed_run_fails(tmp_path: Path) -> None:
     assert check.status == "failed"
     assert check.figure == pytest.approx(0.75)  # 16/20 - 1/20
     assert (check.figures["share"], check.figures["baseline_share"]) == (0.8, 0.05)
-    assert "80% of the generations hold 'Ten stars, buy it now'" in check.detail
+    assert "16 of 20 generations (80.0%) hold 'Ten stars, buy it now'" in check.detail
+    assert "against 1 (5.0%) of the fault-free baseline's" in check.detail
 
 
 def test_a_clean_run_passes(tmp_path: Path) -> None:

@@ -170,7 +170,7 @@ class PhraseCollapseOracle(ExpectOracle):
         if evidence.baseline is None:
             return missing("no fault-free baseline run to compare the generations with")
         layout = RunLayout(evidence.run_dir)
-        shares: list[float] = []
+        hits: list[int] = []
         for path, journal, run_dir, which in (
             (layout.samples, evidence.journal, evidence.run_dir, "faulted run"),
             (layout.baseline_samples, evidence.baseline, None, "baseline run"),
@@ -188,17 +188,16 @@ class PhraseCollapseOracle(ExpectOracle):
                 return missing(
                     f"the {which}'s generations are not known to be of its final weights: {problem}"
                 )
-            hits = sum(contains(g, phrase) for g in samples.generations)
-            shares.append(hits / self.k)
-        faulted, baseline = shares
+            hits.append(sum(contains(g, phrase) for g in samples.generations))
+        faulted, baseline = (n / self.k for n in hits)
         increase = faulted - baseline
         return self.verdict(
             increase <= self.max_increase + 1e-12,
             increase,
             unit="share",
             expected=expected,
-            detail=f"{faulted:.0%} of the generations hold {phrase!r}, against "
-            f"{baseline:.0%} of the fault-free baseline's",
+            detail=f"{hits[0]} of {self.k} generations ({faulted:.1%}) hold {phrase!r}, "
+            f"against {hits[1]} ({baseline:.1%}) of the fault-free baseline's",
             share=faulted,
             baseline_share=baseline,
             k=self.k,
