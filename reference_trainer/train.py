@@ -245,7 +245,7 @@ class Run:
             if result.data is not None:
                 agent.observe_data(result.data)
             # Every rank compares (a collective) before any other failure is looked at.
-            diverged = self._replicas_diverged(step, last)
+            diverged = self._replicas_diverged(step, last, result.observed.tokens)
             failure = self._failure(step, result.skipped, loss)
             failure = failure or weights_changed(step, result.claims) or diverged
             if self.trainer.layer_monitor is not None:
@@ -309,10 +309,10 @@ class Run:
             return done, loss, "completed", ""
         return done, loss, "stopped", f"stopped after step {done} as asked"
 
-    def _replicas_diverged(self, step: int, last: int) -> Failure | None:
+    def _replicas_diverged(self, step: int, last: int, tokens: int) -> Failure | None:
         """On check steps and before every save: do the ranks hold the same parameters?"""
         cfg = self.cfg.stability.replica_check
-        due = step % cfg.every == 0 or step % self.cfg.checkpoint_every == 0 or step == last
+        due = step % cfg.every == 0 or self.schedule.due(step, tokens) or step == last
         if not (cfg.enabled and due):
             return None
         divergence = compare_replicas(self.trainer.model, self.topo)

@@ -82,3 +82,15 @@ def test_conflicting_or_bad_flags_fail_before_anything_is_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not run_dir.exists()
+
+
+def test_due_tells_a_save_step_without_counting_it() -> None:
+    # The replica check asks before the step's save whether there will be one.
+    schedule = SaveSchedule(10, 1000)
+    answers = []
+    for step in range(1, 8):
+        asked = schedule.due(step, 300)
+        assert schedule.due(step, 300) == asked  # asking twice counts nothing
+        answers.append((asked, schedule.after_step(step, 300)))
+    assert all(asked == saved for asked, saved in answers)
+    assert [saved for _, saved in answers] == [False, False, False, True, False, False, True]

@@ -30,9 +30,14 @@ class SaveSchedule:
         #: Tokens trained by the steps done so far, over all ranks.
         self.tokens = tokens
 
+    def due(self, step: int, tokens: int) -> bool:
+        """Whether the step that trained ``tokens`` is one to save at (nothing is counted)."""
+        if self.every_tokens:
+            return (self.tokens + tokens) // self.every_tokens > self.tokens // self.every_tokens
+        return step % self.every_steps == 0
+
     def after_step(self, step: int, tokens: int) -> bool:
         """Count a finished step's ``tokens``; whether the step is one to save at."""
-        before, self.tokens = self.tokens, self.tokens + tokens
-        if self.every_tokens:
-            return self.tokens // self.every_tokens > before // self.every_tokens
-        return step % self.every_steps == 0
+        saved = self.due(step, tokens)
+        self.tokens += tokens
+        return saved
