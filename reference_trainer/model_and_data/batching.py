@@ -23,11 +23,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reference_trainer.model_and_data.data import DocumentPipeline, Encoder, TokenLayout
+from reference_trainer.model_and_data.data import (
+    DocumentPipeline,
+    Encoder,
+    TokenLayout,
+    encode_next,
+)
 from reference_trainer.model_and_data.token_fallback import TokenFallback
 
 #: Documents tokenized together (as the fixed-window stream does).
-_ENCODE_BATCH = 16
 #: Target id of a padded position: cross-entropy ignores it.
 IGNORE_INDEX = -100
 #: Input id of a padded position (`<|endoftext|>`); its prediction is ignored anyway.
@@ -92,15 +96,7 @@ class PackedStream:
         pieces: list[Piece] = []
         tokens = 0
         while tokens < self.sort_pool * self.budget:
-            docs = self.documents.next_documents(_ENCODE_BATCH)
-            if self.fallback is None:
-                encoded: list[list[int] | None] = list(self.encode([d.text for d in docs]))
-            else:
-                encoded = self.fallback.encode(docs, self.encode)
-            for doc, ids in zip(docs, encoded, strict=True):
-                if ids is None:  # dropped by the fallback: it never reaches the model
-                    self.documents.counters.retract(doc)
-                    continue
+            for _, ids in encode_next(self.documents, self.encode, self.fallback):
                 for piece in cut_pieces(self.layout.wrap(ids), self.max_len):
                     pieces.append(piece)
                     tokens += len(piece)

@@ -206,6 +206,25 @@ def to_numpy(obj: Any) -> Any:
     return map_leaves(obj, torch.Tensor, lambda t: t.numpy())
 
 
+def encode_next(
+    documents: DocumentPipeline, encode: Encoder, fallback: TokenFallback | None
+) -> list[tuple[Any, list[int]]]:
+    """The next batch of documents with their token ids; a document the tokenizer fallback
+    drops is left out, and taken back out of the step's counts (it never reaches the model)."""
+    docs = documents.next_documents(_ENCODE_BATCH)
+    if fallback is None:
+        encoded: list[list[int] | None] = list(encode([doc.text for doc in docs]))
+    else:
+        encoded = fallback.encode(docs, encode)
+    out = []
+    for doc, ids in zip(docs, encoded, strict=True):
+        if ids is None:
+            documents.counters.retract(doc)
+        else:
+            out.append((doc, ids))
+    return out
+
+
 class TokenStream:
     """Endless windows of ``window`` tokens cut, back to back, from the documents in order.
 
@@ -235,15 +254,7 @@ class TokenStream:
         self.last_sources: list[list[int]] = []
 
     def _refill(self) -> None:
-        docs = self.documents.next_documents(_ENCODE_BATCH)
-        if self.fallback is None:
-            encoded: list[list[int] | None] = list(self.encode([doc.text for doc in docs]))
-        else:
-            encoded = self.fallback.encode(docs, self.encode)
-        for doc, ids in zip(docs, encoded, strict=True):
-            if ids is None:  # dropped by the fallback: it never reaches the model
-                self.documents.counters.retract(doc)
-                continue
+        for doc, ids in encode_next(self.documents, self.encode, self.fallback):
             tokens = self.layout.wrap(ids)
             self._buffer.extend(tokens)
             if self._sources is not None:
