@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from faults.errors import FaultSpecError, InjectionError, TightropeError
+from faults.errors import FaultSpecError, InjectionError, NothingToDamage, TightropeError
 
 if TYPE_CHECKING:
     from faults.injector import Injection, Injector, StepContext
@@ -42,6 +42,7 @@ __all__ = [
     "Injection",
     "InjectionError",
     "Injector",
+    "NothingToDamage",
     "StepContext",
     "TightropeError",
     "build_injector",

@@ -50,7 +50,7 @@ from faults.checkpoint_files import (
     write_at,
     write_latest,
 )
-from faults.errors import InjectionError
+from faults.errors import InjectionError, NothingToDamage
 from faults.injector import Injection, Injector, StepContext
 from faults.spec import FaultClass, FaultSpec, seeded
 
@@ -135,7 +135,7 @@ def checkpoints_root(
     else:
         root = Path(checkpoints)
     if not root.is_dir():
-        raise InjectionError(f"checkpoint directory {root} does not exist")
+        raise NothingToDamage(f"checkpoint directory {root} does not exist")
     if run_dir is not None:
         contained(root, [Path(run_dir)], "directory")
     return root
@@ -197,7 +197,7 @@ class FileInjector(CheckpointInjector[F]):
         root = Path(cwd or os.getcwd())
         files = sorted(p for p in root.glob(self.spec.path) if p.is_file())
         if not files:
-            raise InjectionError(f"no file matching path {self.spec.path!r} in {root}")
+            raise NothingToDamage(f"no file matching path {self.spec.path!r} in {root}")
         return self._damage_files(root, root, files)
 
     def _damage(self, root: Path) -> list[Injection]:
@@ -207,7 +207,7 @@ class FileInjector(CheckpointInjector[F]):
         else:
             files = sorted(p for p in ckpt.glob(self.spec.file) if p.is_file())
         if not files:
-            raise InjectionError(f"no file matching {self.spec.file!r} in {ckpt}")
+            raise NothingToDamage(f"no file matching {self.spec.file!r} in {ckpt}")
         return self._damage_files(root, ckpt, files)
 
     def _damage_files(self, root: Path, ckpt: Path, files: list[Path]) -> list[Injection]:
@@ -251,7 +251,7 @@ class BitflipFileInjector(FileInjector[BitflipFileSpec]):
     def _prepare(self, root: Path, ckpt: Path, path: Path) -> dict[str, Any]:
         size = path.stat().st_size
         if size == 0:
-            raise InjectionError(f"{path} is empty; there is no bit to flip")
+            raise NothingToDamage(f"{path} is empty; there is no bit to flip")
         rng = seeded(self.spec.seed, *self._rng_parts(ckpt, path))
         offset = self.spec.offset if self.spec.offset is not None else rng.randrange(size)
         bit = self.spec.bit if self.spec.bit is not None else rng.randrange(8)
@@ -307,7 +307,7 @@ class ZeroPageInjector(FileInjector[ZeroPageSpec]):
     def _prepare(self, root: Path, ckpt: Path, path: Path) -> dict[str, Any]:
         size, page = path.stat().st_size, self.spec.page_size
         if size == 0:
-            raise InjectionError(f"{path} is empty; there is no page to zero")
+            raise NothingToDamage(f"{path} is empty; there is no page to zero")
         rng = seeded(self.spec.seed, *self._rng_parts(ckpt, path))
         offset = self.spec.offset
         if offset is None:
@@ -383,7 +383,7 @@ class SwapInjector(FileInjector[SwapSpec]):
             raise InjectionError(f"source and checkpoint both name {ckpt}; nothing to swap")
         twin = other / path.relative_to(ckpt)
         if not twin.is_file():
-            raise InjectionError(f"{twin} does not exist; nothing to swap in for {path.name}")
+            raise NothingToDamage(f"{twin} does not exist; nothing to swap in for {path.name}")
         return {"source": str(twin)}
 
     def _act(self, path: Path, plan: dict[str, Any]) -> dict[str, Any]:
@@ -410,7 +410,7 @@ class StaleLatestInjector(CheckpointInjector[StaleLatestSpec]):
     def _damage(self, root: Path) -> list[Injection]:
         pointer = root / LATEST
         if not pointer.is_file():
-            raise InjectionError(f"{pointer} does not exist; there is no latest to make stale")
+            raise NothingToDamage(f"{pointer} does not exist; there is no latest to make stale")
         latest = latest_checkpoint(root)
         details: dict[str, Any] = {"to": self.spec.to, "latest_before": latest.name}
         if self.spec.to == "previous":
@@ -421,7 +421,7 @@ class StaleLatestInjector(CheckpointInjector[StaleLatestSpec]):
             if target.exists():
                 raise InjectionError(f"{target} already exists; a partial checkpoint needs it free")
             if not state.is_file():
-                raise InjectionError(f"{state} does not exist; nothing to copy as partial")
+                raise NothingToDamage(f"{state} does not exist; nothing to copy as partial")
             shutil.copytree(latest, target, ignore=shutil.ignore_patterns(MANIFEST))
             size = state.stat().st_size
             write_at(target / STATE_FILE, 0, b"", size // 2)

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from faults.errors import InjectionError
+from faults.errors import InjectionError, NothingToDamage
 
 LATEST = "latest"
 STATE_FILE = "state.pt"
@@ -58,7 +58,7 @@ def latest_checkpoint(root: Path) -> Path:
         return path
     done = complete_checkpoints(root)
     if not done:
-        raise InjectionError(f"no checkpoint in {root} (no {LATEST} file, no step-* folder)")
+        raise NothingToDamage(f"no checkpoint in {root} (no {LATEST} file, no step-* folder)")
     return done[-1]
 
 
@@ -66,7 +66,7 @@ def previous_checkpoint(root: Path, latest: Path) -> Path:
     """The newest complete checkpoint older than ``latest``."""
     older = [p for p in complete_checkpoints(root) if step_of(p) < step_of(latest)]
     if not older:
-        raise InjectionError(f"no checkpoint older than {latest.name} in {root}")
+        raise NothingToDamage(f"no checkpoint older than {latest.name} in {root}")
     return older[-1]
 
 
@@ -78,7 +78,7 @@ def resolve_checkpoint(root: Path, which: str) -> Path:
         return previous_checkpoint(root, latest_checkpoint(root))
     path = root / which
     if not path.is_dir():
-        raise InjectionError(f"checkpoint {path} does not exist")
+        raise NothingToDamage(f"checkpoint {path} does not exist")
     return path
 
 

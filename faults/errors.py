@@ -17,3 +17,10 @@ class FaultSpecError(TightropeError):
 
 class InjectionError(TightropeError):
     """A fault could not be applied to its target (missing file, process or parameter)."""
+
+
+class NothingToDamage(InjectionError):
+    """A checkpoint fault found nothing to act on at its step: no checkpoint yet, none
+    older than the latest, the file already gone or empty. The run's state, not the plan,
+    is why; the agent journals ``fault_skipped`` and training goes on (the fault counts
+    as fired, so a restarted job does not meet it again)."""

@@ -326,6 +326,9 @@ def _ask_everything() -> Expect:
         max_toxic_consumed=0,
         replicas_consistent=True,
         max_phrase_collapse={"k": 8},
+        kept_params_finite=True,
+        max_stall_seconds=60,
+        no_processes_left=True,
     )
 
 
@@ -357,6 +360,9 @@ def test_judge_on_a_handled_fault(tmp_path: Path) -> None:
         "max_toxic_consumed": "not judged",  # no step reports contaminated_kinds
         "replicas_consistent": "not judged",  # one rank
         "max_phrase_collapse": "not judged",  # no phrase planted, no generations
+        "kept_params_finite": "passed",
+        "max_stall_seconds": "passed",
+        "no_processes_left": "not judged",  # a synthetic run: no launcher looked
     }
 
 

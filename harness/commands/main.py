@@ -17,6 +17,7 @@ from faults.registry import FaultKind
 from faults.spec import TRIGGERS
 from harness import __version__
 from harness.commands.review import add_commands as add_review_commands
+from harness.commands.soak import add_commands as add_soak_commands
 from harness.commands.suite import add_commands as add_suite_commands
 from harness.errors import TightropeError
 from harness.live.control import ControlError, send, wait_for_answer
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     execute.set_defaults(handler=_exec)
     add_suite_commands(commands)
     add_review_commands(commands)
+    add_soak_commands(commands)
     return parser
 
 

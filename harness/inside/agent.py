@@ -46,6 +46,7 @@ from faults import (
     FaultSpecError,
     Injection,
     Injector,
+    NothingToDamage,
     StepContext,
     build_injector,
 )
@@ -185,7 +186,12 @@ class Agent:
             for index, trigger in list(self._waiting):
                 injector = self._injectors[index][1]
                 self._current = index
-                records = injector.on_file_saved(self.context(), path)
+                try:
+                    records = injector.on_file_saved(self.context(), path)
+                except NothingToDamage as exc:
+                    self._skip(index, trigger, str(exc))
+                    self._waiting.remove((index, trigger))
+                    continue
                 if not records:
                     continue
                 # Its trigger step, replayed after a restart, does not arm it again.
@@ -346,10 +352,27 @@ class Agent:
     # -- internals ---------------------------------------------------------------------
 
     def _run(self, hook: Callable[[Injector[Any], StepContext], list[Injection]]) -> None:
-        for injector in self._active:
+        for injector in list(self._active):
             self._current = self._index[id(injector)]
-            self._record(hook(injector, self.context()))
+            try:
+                records = hook(injector, self.context())
+            except NothingToDamage as exc:
+                self._skip(self._current, self.step, str(exc))
+                self._active.remove(injector)
+                continue
+            self._record(records)
         self._current = None
+
+    def _skip(self, index: int, trigger: int, reason: str) -> None:
+        """A checkpoint fault found nothing to act on: journaled, and fired for good."""
+        self._fired.add((index, trigger))
+        self.journal.emit(
+            "fault_skipped",
+            self.step,
+            fault=self._injectors[index][0].kind,
+            reason=reason,
+            details={"plan_index": index, "trigger_step": trigger},
+        )
 
     def _record(self, records: list[Injection]) -> None:
         for record in records:
@@ -387,7 +410,8 @@ class Agent:
         for event in events:
             details = event.get("details", {})
             index = details.get("plan_index")
-            if event.kind == "fault_injected" and event.rank == self.rank and index is not None:
+            fault = event.kind in ("fault_injected", "fault_skipped")
+            if fault and event.rank == self.rank and index is not None:
                 self._fired.add((int(index), event.step))
                 if (trigger := details.get("trigger_step")) is not None:
                     self._fired.add((int(index), int(trigger)))

@@ -17,11 +17,14 @@ from harness.oracles.fallback import FallbackRateOracle
 from harness.oracles.health import (
     CompletedOracle,
     FinalLossOracle,
+    KeptParamsFiniteOracle,
     LossScaleRecoveredOracle,
     ParamsFiniteOracle,
 )
+from harness.oracles.processes import ProcessesLeftOracle
 from harness.oracles.recovery import LostStepsOracle, MttrOracle
 from harness.oracles.replicas import ReplicasConsistentOracle
+from harness.oracles.stall import StallOracle
 from harness.oracles.verdict import Check, Evidence, Oracle
 from harness.suites.scenario import Expect
 
@@ -34,13 +37,16 @@ __all__ = [
     "FallbackRateOracle",
     "FalseAlarmsOracle",
     "FinalLossOracle",
+    "KeptParamsFiniteOracle",
     "LossScaleRecoveredOracle",
     "LostStepsOracle",
     "MttrOracle",
     "NoCorruptCheckpointLoadedOracle",
     "ParamsFiniteOracle",
     "PhraseCollapseOracle",
+    "ProcessesLeftOracle",
     "ReplicasConsistentOracle",
+    "StallOracle",
     "ToxicOracle",
     "build_oracles",
     "judge",
@@ -64,6 +70,9 @@ ORACLES: dict[str, type[ExpectOracle]] = {
         ToxicOracle,
         ReplicasConsistentOracle,
         PhraseCollapseOracle,
+        KeptParamsFiniteOracle,
+        StallOracle,
+        ProcessesLeftOracle,
     )
 }
 

@@ -21,7 +21,7 @@ from harness.oracles.timeline import (
     surviving_losses,
 )
 from harness.oracles.verdict import Check, Evidence
-from harness.records.journal import Event
+from harness.records.journal import Event, Journal
 from harness.suites.scenario import LossScaleExpect
 
 #: Steps averaged for a run's final loss: one step's loss is too noisy to compare.
@@ -34,11 +34,14 @@ class ParamsFiniteOracle(ExpectOracle):
 
     name = "params_finite"
 
+    def observed(self, journal: Journal) -> list[Event]:
+        """Every step's check, and the attached agent's last look in run_end."""
+        return [e for e in journal.of_kind("step", "run_end") if "params_finite" in e.fields]
+
     def judge(self, evidence: Evidence) -> Check:
         """Count of observations of non-finite parameters or of an unguarded NaN loss."""
         journal = evidence.journal
-        # Every step's check, and the attached agent's last look in run_end.
-        observed = [e for e in journal.of_kind("step", "run_end") if "params_finite" in e.fields]
+        observed = self.observed(journal)
         bad = [e for e in observed if e.get("params_finite") is not True]
         for rank in journal.ranks:
             steps = journal.steps(rank)
@@ -71,6 +74,25 @@ class ParamsFiniteOracle(ExpectOracle):
             observations=len(observed),
             first_bad_step=min(bad, key=lambda e: e.wall).step if bad else None,
         )
+
+
+@dataclass(frozen=True)
+class KeptParamsFiniteOracle(ParamsFiniteOracle):
+    """Every step the final weights descend from had finite parameters: like
+    ``params_finite``, but a step trained again after a rollback or restart is judged by
+    its last attempt only (a guard that rolled a non-finite step back held)."""
+
+    name = "kept_params_finite"
+
+    def observed(self, journal: Journal) -> list[Event]:
+        """The checks of each rank's surviving step attempts, and each rank's last run_end."""
+        kept = {id(e) for rank in journal.ranks for e in journal.steps(rank).values()}
+        ends = {e.rank: e for e in journal.of_kind("run_end")}
+        return [
+            e
+            for e in super().observed(journal)
+            if id(e) in kept or (e.kind == "run_end" and ends.get(e.rank) is e)
+        ]
 
 
 @dataclass(frozen=True)

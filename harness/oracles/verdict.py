@@ -97,6 +97,10 @@ class Evidence:
     exit_code: int | None = 0
     #: Journal of the fault-free run of the same configuration, when one was run.
     baseline: Journal | None = None
+    #: Processes of the run still alive after its launcher ended; None: not looked.
+    left_behind: int | None = None
+    #: Wall clock (epoch seconds) when the run's launch ended; None: not known.
+    ended: float | None = None
 
 
 @runtime_checkable

@@ -180,6 +180,15 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 details=_DETAILS,
             ),
         ),
+        "fault_skipped": (
+            "A checkpoint fault of the plan found nothing to act on at its step (no "
+            "checkpoint yet, none older, the file gone); it counts as fired.",
+            _kind(
+                fault=FieldSpec("str", "Fault kind, as in the fault registry.", required=True),
+                reason=FieldSpec("str", "What was missing.", required=True),
+                details=_DETAILS,
+            ),
+        ),
         "detected": (
             "A detector claims it saw a problem.",
             _kind(

@@ -42,6 +42,10 @@ class Launch:
     seconds: float
     #: Killed because the suite was stopped (Ctrl-C, SIGTERM), not by its deadline.
     interrupted: bool = False
+    #: Processes of the launch still alive after it ended (killed then); None: not looked.
+    left_behind: int | None = None
+    #: Wall clock (epoch seconds) when the launch ended.
+    ended: float | None = None
 
 
 def _torchrun(spec: TrainerSpec) -> list[str]:
@@ -215,9 +219,10 @@ def run_process(
                     code = None
                     break
     # Whatever the launch left behind (a worker orphaned by a killed launcher, a trainer's
-    # background child) ends with it.
-    kill_marked(mark)
-    return Launch(code, timed_out, time.monotonic() - started, interrupted)
+    # background child) ends with it, and is counted (`no_processes_left`).
+    left = kill_marked(mark)
+    seconds = time.monotonic() - started
+    return Launch(code, timed_out, seconds, interrupted, left_behind=left, ended=time.time())
 
 
 def log_tail(log: Path, lines: int = _TAIL_LINES) -> str:

@@ -51,6 +51,14 @@ class ScenarioResult:
     description: str = ""
     #: The scenario as validated (trainer, faults, expect), for reports and re-judging.
     spec: dict[str, Any] = field(default_factory=dict)
+    #: Seconds the faulted run's launch took (its baseline and judging not included).
+    run_seconds: float | None = None
+    #: What only the launch saw, kept for judging again: processes of the run still
+    #: alive after its launcher ended (None: not looked), and when it ended (epoch s).
+    left_behind: int | None = None
+    ended: float | None = None
+    #: Figures beyond the checks (a soak's ETTR, goodput, incidents: docs/soak.md).
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def status(self) -> Status:
@@ -95,6 +103,10 @@ class ScenarioResult:
             "log_tail": self.log_tail,
             "checks": [c.to_dict() for c in self.checks],
             "spec": self.spec,
+            "run_seconds": self.run_seconds,
+            "left_behind": self.left_behind,
+            "ended": self.ended,
+            "metrics": self.metrics,
         }
 
     @classmethod
@@ -114,6 +126,10 @@ class ScenarioResult:
             baseline_dir=data.get("baseline_dir"),
             description=data.get("description", ""),
             spec=dict(data.get("spec", {})),
+            run_seconds=data.get("run_seconds"),
+            left_behind=data.get("left_behind"),
+            ended=data.get("ended"),
+            metrics=dict(data.get("metrics") or {}),
         )
 
 

@@ -132,7 +132,12 @@ def _launch_faulted(
     second = reference_command(spec, run_dir, plan, resume=True, elastic=elastic)
     again = run_process(second, log=log, deadline=deadline, env=env, on_poll=poll, stop=stop)
     return Launch(
-        again.exit_code, again.timed_out, launch.seconds + again.seconds, again.interrupted
+        again.exit_code,
+        again.timed_out,
+        launch.seconds + again.seconds,
+        again.interrupted,
+        left_behind=(launch.left_behind or 0) + (again.left_behind or 0),
+        ended=again.ended,
     )
 
 
@@ -247,6 +252,8 @@ class Runner:
             launch = _launch_faulted(scenario, run_dir, given, lambda: poll(run_dir), stop)
             result.log_tail = log_tail(RunLayout(run_dir).log)
             result.exit_code = launch.exit_code
+            result.run_seconds = launch.seconds
+            result.left_behind, result.ended = launch.left_behind, launch.ended
             try:
                 journal = _read(run_dir)
             except JournalError as exc:
@@ -270,6 +277,8 @@ class Runner:
                 target_steps=target_steps(spec, baseline),
                 exit_code=launch.exit_code,
                 baseline=baseline,
+                left_behind=launch.left_behind,
+                ended=launch.ended,
             )
             result.checks = judge(scenario.expect, evidence)
             if result.status == "passed":

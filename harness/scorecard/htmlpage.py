@@ -9,6 +9,8 @@ from harness.running.results import SCORECARD_VERSION, ScenarioResult, SuiteResu
 from harness.scorecard.badge import render_badge
 from harness.scorecard.htmlstyle import CSS
 from harness.scorecard.plots import StepSeries, load_series, render_plots
+from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
+from harness.scorecard.soak_plots import soak_plots
 from harness.scorecard.text import (
     CHECK_MARK,
     check_figure,
@@ -136,6 +138,32 @@ def _plots(r: ScenarioResult, root: Path, slug: str) -> str:
     return f'<div class="plots">{figures}</div>{note}' if figures else note
 
 
+def _soak(r: ScenarioResult, slug: str) -> str:
+    """The soak's figures, its time to recover by kind, and its two plots."""
+    facts = "".join(
+        f"<tr><th>{_e(label)}</th><td>{_e(value)}</td></tr>"
+        for label, value in summary_rows(r.metrics)
+    )
+    head = "".join(f"<th>{_e(c)}</th>" for c in KIND_COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in kind_rows(r.metrics)
+    )
+    kinds = (
+        f"<table class='checks'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        if body
+        else ""
+    )
+    try:
+        plots = soak_plots(r.metrics, f"soak-{slug}")
+    except Exception as exc:
+        return f"<table class='checks'>{facts}</table>{kinds}" + (
+            f'<p class="note">soak plots could not be drawn: {_e(type(exc).__name__)}: '
+            f"{_e(exc)}</p>"
+        )
+    figures = "".join(f'<figure class="plot wide" id="{p.id}">{p.svg}</figure>' for p in plots)
+    return f"<table class='checks'>{facts}</table>{kinds}<div class='plots'>{figures}</div>"
+
+
 def _scenario(r: ScenarioResult, root: Path, slug: str) -> str:
     facts = [
         ("fault class", r.fault_class),
@@ -155,6 +183,7 @@ def _scenario(r: ScenarioResult, root: Path, slug: str) -> str:
         f'<dl class="facts">{dl}</dl>',
         f'<div class="error-box">{_e(r.error)}</div>' if r.error is not None else "",
         _checks(r),
+        _soak(r, slug) if is_soak(r.metrics) else "",
         _plots(r, root, slug),
     ]
     if r.log_tail.strip():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from harness.running.results import ScenarioResult, SuiteResult
+from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
 from harness.scorecard.text import (
     NOT_JUDGED,
     STATUS_ICON,
@@ -129,11 +130,25 @@ def _errored(r: ScenarioResult) -> list[str]:
     return lines
 
 
+def _soak(r: ScenarioResult) -> list[str]:
+    lines = [f"### Soak {_code(r.name)}", "", "| figure | value |", "|---|---|"]
+    lines += [f"| {label} | {_cell(value)} |" for label, value in summary_rows(r.metrics)]
+    rows = kind_rows(r.metrics)
+    if rows:
+        lines += ["", "| " + " | ".join(KIND_COLUMNS) + " |"]
+        lines += ["|" + "---|" * len(KIND_COLUMNS)]
+        lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
 def render_markdown(result: SuiteResult) -> str:
     """scorecard.md's text: score, counts, per-class and per-scenario tables, then failures."""
     lines = _header(result)
     lines += ["", "### Fault classes", "", *_class_table(result)]
     lines += ["", "### Scenarios", "", *_scenario_table(result)]
+    for r in result.scenarios:
+        if is_soak(r.metrics):
+            lines += ["", *_soak(r)]
     for r in result.scenarios:
         if r.status == "failed":
             lines += ["", *_failed(r)]

@@ -218,13 +218,15 @@ def _positive_span(values: list[Value]) -> float:
     return max(finite) / min(finite) if finite else 1.0
 
 
-def _render(
+def render_plot(
     plot_id: str,
     title: str,
     ylabel: str,
     size: tuple[float, float],
     draw: Callable[[Axes], None],
+    xlabel: str = "step",
 ) -> Plot:
+    """One plot: ``draw`` fills the axes; titled, labelled, gridded, legend below."""
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -235,7 +237,7 @@ def _render(
         ax = fig.add_subplot()
         draw(ax)
         ax.set_title(title, loc="left", fontsize=10)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, color="#e6e6e6", lw=0.6)
         # Below the axes, not on them: a legend must never hide the step it explains.
@@ -276,7 +278,7 @@ def render_plots(faulted: StepSeries, baseline: StepSeries | None, id_prefix: st
                 ax.set_yscale("log")
 
         size = (9.0, 3.4) if name == "loss" else (4.6, 3.2)
-        return _render(f"{id_prefix}-{name}", title, ylabel, size, draw)
+        return render_plot(f"{id_prefix}-{name}", title, ylabel, size, draw)
 
     runs = [faulted] + ([baseline] if baseline else [])
     plots = [plot_of("loss", "Loss", "loss", lambda s: s.loss)]

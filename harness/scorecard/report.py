@@ -46,6 +46,8 @@ def rejudge(out_dir: Path) -> SuiteResult:
             target_steps=scenario.trainer.steps,
             exit_code=result.exit_code,
             baseline=baseline,
+            left_behind=result.left_behind,
+            ended=result.ended,
         )
         result.checks = judge(scenario.expect, evidence)
     return saved

@@ -7,7 +7,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.oracles.verdict import Check
-from harness.running.results import SuiteResult
+from harness.running.results import ScenarioResult, SuiteResult
+from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
 
 _STATUS = {"passed": "[green]PASS[/]", "failed": "[red]FAIL[/]", "error": "[magenta]ERROR[/]"}
 _ERROR_CHARS = 300
@@ -44,6 +45,9 @@ def print_results(result: SuiteResult, console: Console) -> None:
         )
     console.print(table)
     for r in result.scenarios:
+        if is_soak(r.metrics):
+            print_soak(r, console)
+    for r in result.scenarios:
         if r.status == "passed":
             continue
         console.print(f"{_STATUS[r.status]} [bold]{escape(r.name)}[/]")
@@ -60,3 +64,18 @@ def print_results(result: SuiteResult, console: Console) -> None:
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['error']} errored",
         highlight=False,
     )
+
+
+def print_soak(r: ScenarioResult, console: Console) -> None:
+    """A soak's figures: ETTR, goodput, steps lost, faults; time to recover by kind."""
+    console.print(f"[bold]{escape(r.name)}[/]")
+    for label, value in summary_rows(r.metrics):
+        console.print(f"    {label:<11} {escape(value)}", highlight=False)
+    rows = kind_rows(r.metrics)
+    if rows:
+        table = Table(title="time to recover by fault kind", title_justify="left")
+        for column in KIND_COLUMNS:
+            table.add_column(column, no_wrap=True, justify="left" if column == "kind" else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)

@@ -289,6 +289,11 @@ class Expect(_Model):
     max_toxic_consumed: int | None = Field(default=None, ge=0)
     replicas_consistent: bool | None = None
     max_phrase_collapse: PhraseCollapseExpect | None = None
+    kept_params_finite: bool | None = None
+    max_stall_seconds: float | None = Field(
+        default=None, gt=0, description="Longest wait between rank 0's finished steps."
+    )
+    no_processes_left: bool | None = None
 
     def checks(self) -> list[str]:
         """Names of the checks asked for (a value of false or null asks for none)."""

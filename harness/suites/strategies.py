@@ -17,9 +17,12 @@ draws would give, because that is where guards break. See docs/strategies.md.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as seeded
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
@@ -31,7 +34,7 @@ from faults.registry import parse_fault
 from faults.spec import FaultSpec
 from faults.tokenizer_stress import STRESS_KINDS
 
-__all__ = ["bit_positions", "fault_plans", "fault_specs", "ranks", "steps"]
+__all__ = ["bit_positions", "drawn_from_seed", "fault_plans", "fault_specs", "ranks", "steps"]
 
 T = TypeVar("T")
 Fields = SearchStrategy[dict[str, Any]]
@@ -296,3 +299,35 @@ def fault_plans(
             f"({', '.join(sorted(specs))})"
         )
     return _plan(specs, st.integers(min_faults, most), swarm)
+
+
+#: Examples generated for one `drawn_from_seed` value (the first, simplest, is never kept).
+_EXAMPLES = 12
+
+
+def drawn_from_seed(strategy: SearchStrategy[T], seed: int) -> T:
+    """One value of ``strategy`` outside a test, the same for the same ``seed`` (and
+    Hypothesis version): what a soak draws its faults with, so a seed replays its plan.
+
+    Hypothesis's first example is always its simplest, and the next few steer away from
+    what was drawn before, so one of the examples after the first is picked by ``seed``.
+    """
+    _check_int("seed", seed, 0)
+    drawn: list[T] = []
+
+    @seeded(seed)
+    @settings(
+        max_examples=_EXAMPLES,
+        phases=[Phase.generate],
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def keep(value: T) -> None:
+        drawn.append(value)
+
+    keep()
+    if not drawn:  # pragma: no cover - a strategy that can draw nothing raises above
+        raise InvalidArgument(f"{strategy!r} drew no value")
+    return random.Random(seed).choice(drawn[1:] or drawn)

@@ -1,0 +1,314 @@
+"""What a soak's faults cost, read from its journal: ETTR, goodput, time to recover.
+
+Every figure rests on what rank 0's journal shows, its wall clock and the launch's
+duration as the harness timed it:
+
+- a step's **time** is the wall time from rank 0's previous event of the same process
+  that ends a piece of work (a step, a start, a save, a load) to the step's own event,
+  so the time a save or a restart took is never counted as training;
+- a step is **kept** when its attempt is the last one of its step number (the final
+  weights descend from it) and it updated the weights; steps trained again after a
+  rollback or restart, and skipped steps, are **lost**;
+- **ETTR** (effective training time ratio) is the kept steps' time over the wall time of
+  the whole launch, start-up, restarts and saves included;
+- **goodput** is the kept steps' tokens per wall second (steps per second when the
+  journal gives no tokens), and its ratio to the fault-free run's rate;
+- an **incident** is one fault of the plan (its ``fault_injected`` events on any rank).
+  Its outcome is ``detected`` when the run observably responded
+  (`harness.oracles.timeline.corroborated`; for a checkpoint fault, only an integrity
+  response, up to the next checkpoint fault), ``latent`` for a damaged checkpoint no load
+  reached, else ``missed``. A detected fault's **time to recover** runs from the
+  injection to rank 0's first good step past the fault's step after the last sign of the
+  incident before the next fault (a skipped step, a restart, a rollback's load, a
+  recovery); missed and latent faults are not timed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from faults.registry import kinds as registered_kinds
+from harness.oracles.timeline import LEAD_RANK, corroborated, good, skipped
+from harness.records.journal import Event, Journal
+
+#: Events after which rank 0 is back to training: a step's time starts at the last one.
+_BOUNDARIES = frozenset(
+    {"step", "run_start", "checkpoint_saved", "checkpoint_loaded", "file_saved", "file_loaded"}
+)
+#: Signs that an incident is still being handled (besides skipped steps).
+_INCIDENT = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
+#: Loads that show a checkpoint was reached (to tell a latent damage from a missed one).
+_LOADS = frozenset({"file_loaded", "file_load_failed", "checkpoint_loaded", "checkpoint_rejected"})
+#: Most points kept of the ETTR-over-time curve.
+_CURVE_POINTS = 300
+
+Outcome = Literal["detected", "missed", "latent"]
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One attempt of one step on rank 0."""
+
+    step: int
+    wall: float
+    seconds: float
+    kept: bool
+    tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """One fault of the plan and what came of it."""
+
+    index: int
+    kind: str
+    step: int
+    #: Seconds after the launch's first event.
+    at: float
+    outcome: Outcome
+    detectors: tuple[str, ...]
+    #: Seconds from the injection to recovery; None when the run never recovered, or for a
+    #: missed or latent fault (nothing was done about it, so nothing is timed).
+    mttr: float | None
+    recovered_at_step: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the scorecard."""
+        return {
+            "index": self.index,
+            "kind": self.kind,
+            "step": self.step,
+            "at": round(self.at, 3),
+            "outcome": self.outcome,
+            "detectors": list(self.detectors),
+            "mttr": None if self.mttr is None else round(self.mttr, 3),
+            "recovered_at_step": self.recovered_at_step,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Measures:
+    """A run's effective training time, goodput and incidents."""
+
+    wall_seconds: float
+    kept_seconds: float
+    kept_steps: int
+    executed_steps: int
+    kept_tokens: int | None
+    incidents: tuple[Incident, ...] = ()
+    #: Faults that found nothing to act on (`fault_skipped`), by kind.
+    skipped_faults: dict[str, int] = field(default_factory=dict)
+    #: (seconds since the first event, ETTR so far) at rank 0's steps, thinned.
+    curve: tuple[tuple[float, float], ...] = field(default=())
+
+    @property
+    def ettr(self) -> float:
+        """Kept steps' time over wall time (0 for a run of no time)."""
+        return self.kept_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def steps_lost(self) -> int:
+        """Step attempts whose work the final weights do not hold."""
+        return self.executed_steps - self.kept_steps
+
+    @property
+    def goodput(self) -> float:
+        """Kept tokens (steps when no tokens were journaled) per wall second."""
+        kept = self.kept_tokens if self.kept_tokens is not None else self.kept_steps
+        return kept / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def goodput_unit(self) -> str:
+        """tokens/s, or steps/s when the journal gave no token counts."""
+        return "tokens/s" if self.kept_tokens is not None else "steps/s"
+
+    def mttr_by_kind(self) -> dict[str, dict[str, Any]]:
+        """Per fault kind: how many, detected, missed, latent, never recovered, and the
+        median, 90th percentile and largest time to recover (seconds)."""
+        out: dict[str, dict[str, Any]] = {}
+        for kind in sorted({i.kind for i in self.incidents}):
+            mine = [i for i in self.incidents if i.kind == kind]
+            times = sorted(i.mttr for i in mine if i.mttr is not None)
+            row: dict[str, Any] = {"faults": len(mine)}
+            for outcome in ("detected", "missed", "latent"):
+                row[outcome] = sum(i.outcome == outcome for i in mine)
+            row["unrecovered"] = sum(i.outcome == "detected" and i.mttr is None for i in mine)
+            row["median"] = round(statistics.median(times), 3) if times else None
+            row["p90"] = round(_quantile(times, 0.9), 3) if times else None
+            row["max"] = round(times[-1], 3) if times else None
+            out[kind] = row
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the scorecard (`metrics` of the soak's result)."""
+        return {
+            "wall_seconds": round(self.wall_seconds, 3),
+            "kept_seconds": round(self.kept_seconds, 3),
+            "ettr": round(self.ettr, 4),
+            "kept_steps": self.kept_steps,
+            "executed_steps": self.executed_steps,
+            "steps_lost": self.steps_lost,
+            "kept_tokens": self.kept_tokens,
+            "goodput": round(self.goodput, 3),
+            "goodput_unit": self.goodput_unit,
+            "faults": len(self.incidents),
+            "detected": sum(i.outcome == "detected" for i in self.incidents),
+            "missed": sum(i.outcome == "missed" for i in self.incidents),
+            "latent": sum(i.outcome == "latent" for i in self.incidents),
+            "skipped_faults": dict(sorted(self.skipped_faults.items())),
+            "by_kind": self.mttr_by_kind(),
+            "incidents": [i.to_dict() for i in self.incidents],
+            "ettr_curve": [[round(t, 2), round(e, 4)] for t, e in self.curve],
+        }
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted values (nearest rank)."""
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+def executions(journal: Journal) -> list[Execution]:
+    """Rank 0's step attempts in journal order, each with its time and whether it is kept."""
+    lead = [e for e in journal if e.rank == LEAD_RANK]
+    last = {e.step: n for n, e in enumerate(lead) if e.kind == "step"}
+    found: list[Execution] = []
+    since: Event | None = None
+    for n, event in enumerate(lead):
+        if event.kind == "run_start":
+            since = event
+            continue
+        if event.kind == "step":
+            same = since is not None and since.restart == event.restart
+            seconds = max(0.0, event.wall - since.wall) if same and since is not None else 0.0
+            tokens = event.get("tokens")
+            found.append(
+                Execution(
+                    step=event.step,
+                    wall=event.wall,
+                    seconds=seconds,
+                    kept=last[event.step] == n and good(event),
+                    tokens=tokens if isinstance(tokens, int) and not isinstance(tokens, bool)
+                    else None,
+                )
+            )  # fmt: skip
+        if event.kind in _BOUNDARIES:
+            since = event
+    return found
+
+
+def measure(journal: Journal, wall_seconds: float) -> Measures:
+    """The measures of a run whose launch took ``wall_seconds`` (harness-timed)."""
+    runs = executions(journal)
+    kept = [r for r in runs if r.kept]
+    tokens = [r.tokens for r in kept]
+    start = min((e.wall for e in journal), default=0.0)
+    return Measures(
+        wall_seconds=wall_seconds,
+        kept_seconds=sum(r.seconds for r in kept),
+        kept_steps=len(kept),
+        executed_steps=len(runs),
+        kept_tokens=sum(t for t in tokens if t is not None) if kept and None not in tokens
+        else None,
+        incidents=tuple(incidents(journal, start)),
+        skipped_faults=_skipped(journal),
+        curve=_curve(runs, start),
+    )  # fmt: skip
+
+
+def _skipped(journal: Journal) -> dict[str, int]:
+    """Faults of the plan that found nothing to act on, by kind (once per plan fault)."""
+    seen: dict[object, str] = {}
+    for e in journal.of_kind("fault_skipped"):
+        details = e.get("details")
+        index = details.get("plan_index") if isinstance(details, dict) else None
+        seen.setdefault(index if index is not None else id(e), str(e.get("fault")))
+    return dict(Counter(seen.values()))
+
+
+def _curve(runs: list[Execution], start: float) -> tuple[tuple[float, float], ...]:
+    """ETTR so far at each step attempt: kept time until then over time since the start."""
+    points: list[tuple[float, float]] = []
+    kept = 0.0
+    for r in runs:
+        kept += r.seconds if r.kept else 0.0
+        elapsed = r.wall - start
+        if elapsed > 0:
+            points.append((elapsed, min(1.0, kept / elapsed)))
+    stride = max(1, len(points) // _CURVE_POINTS)
+    thinned = points[::stride]
+    if points and thinned[-1] != points[-1]:
+        thinned.append(points[-1])
+    return tuple(thinned)
+
+
+def _fault_class(kind: str) -> str:
+    table = registered_kinds()
+    return table[kind].spec.fault_class if kind in table else ""
+
+
+def incidents(journal: Journal, start: float) -> list[Incident]:
+    """One incident per fault of the plan that fired, in the order they fired."""
+    events = list(journal)
+    firsts: dict[object, int] = {}
+    for n, e in enumerate(events):
+        if e.kind != "fault_injected":
+            continue
+        details = e.get("details")
+        index = details.get("plan_index") if isinstance(details, dict) else None
+        firsts.setdefault(index if index is not None else ("event", n), n)
+    order = sorted(firsts.items(), key=lambda item: item[1])
+    found = []
+    for k, (key, n) in enumerate(order):
+        fault = events[n]
+        kind = str(fault.get("fault", "unknown"))
+        checkpoint = _fault_class(kind) == "checkpoint"
+        later = [m for _, m in order[k + 1 :]]
+        if checkpoint:  # its damage shows at the next load, which a later fault may cause
+            later = [m for m in later if _fault_class(str(events[m].get("fault"))) == "checkpoint"]
+        end = later[0] if later else len(events)
+        window = events[:end]
+        counted, _claims = corroborated(Journal(window), fault)
+        if checkpoint:
+            counted = [d for d in counted if d.detector == "checkpoint_integrity"]
+        outcome: Outcome = "detected" if counted else "missed"
+        if not counted and checkpoint and not any(e.kind in _LOADS for e in events[n:end]):
+            outcome = "latent"
+        # Recovery is timed for detected faults only: a missed or latent one had nothing
+        # done about it; its signs end where the next fault of any kind begins.
+        mttr, back = None, None
+        if outcome == "detected":
+            following = order[k + 1][1] if k + 1 < len(order) else len(events)
+            mttr, back = _recovery(events, n, following)
+        found.append(
+            Incident(
+                index=int(key) if isinstance(key, int) else -1,
+                kind=kind,
+                step=fault.step,
+                at=fault.wall - start,
+                outcome=outcome,
+                detectors=tuple(sorted({d.detector for d in counted})),
+                mttr=mttr,
+                recovered_at_step=back,
+            )
+        )
+    return found
+
+
+def _recovery(events: list[Event], n: int, end: int) -> tuple[float | None, int | None]:
+    """(seconds, step) of rank 0's first good step past the fault's step after the
+    incident's last sign before ``end``; (None, None) when there is none."""
+    fault = events[n]
+    signs = [
+        m
+        for m in range(n, end)
+        if events[m].kind in _INCIDENT
+        or (events[m].kind == "step" and events[m].rank == LEAD_RANK and skipped(events[m]))
+    ]
+    after = signs[-1] if signs else n
+    for e in events[after + 1 :]:
+        if e.kind == "step" and e.rank == LEAD_RANK and e.step > fault.step and good(e):
+            return max(0.0, e.wall - fault.wall), e.step
+    return None, None

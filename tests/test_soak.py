@@ -1,0 +1,119 @@
+"""`tightrope soak` end to end against the reference trainer: a two-minute soak that holds
+every invariant and reports what the faults cost, and the fragile trainer, whose broken
+invariant is shrunk to one fault that replays; a checkpoint fault with nothing to damage
+is skipped, not a crash loop."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.records.journal import read_journal
+from harness.suites.suite_loader import load_suite
+
+from .conftest import run_module
+
+INVARIANTS = {
+    "completed",
+    "kept_params_finite",
+    "no_corrupt_checkpoint_loaded",
+    "max_stall_seconds",
+    "final_loss_within",
+    "no_processes_left",
+}
+
+
+def _soak(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, object]]:
+    out = tmp_path / "soak"
+    os.environ["TIGHTROPE_CACHE"] = str(tmp_path / "cache")
+    try:
+        done = run_module("-m", "harness", "soak", *args, "--scorecard", str(out), timeout=timeout)
+    finally:
+        del os.environ["TIGHTROPE_CACHE"]
+    card = json.loads((out / "scorecard.json").read_text()) if done.returncode in (0, 1) else {}
+    return done.returncode, done.stdout + done.stderr, card
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_two_minute_soak_holds_every_invariant_and_measures_what_faults_cost(
+    tmp_path: Path,
+) -> None:
+    code, output, card = _soak(tmp_path, "--minutes", "2", "--seed", "3", "--rate", "0.01")
+    assert code == 0, output[-4000:]
+    (soak,) = card["scenarios"]  # type: ignore[index]
+    assert {c["name"] for c in soak["checks"]} == INVARIANTS
+    assert all(c["status"] == "passed" for c in soak["checks"]), soak["checks"]
+    m = soak["metrics"]
+    # Faults struck, and every one that fired was seen: detected, missed, latent or skipped.
+    assert m["faults"] >= 3
+    assert m["detected"] + m["missed"] + m["latent"] == m["faults"]
+    assert m["faults"] + sum(m["skipped_faults"].values()) <= m["planned_faults"]
+    # They cost time: less of the soak's wall time trained kept steps than the clean run's.
+    assert 0 < m["ettr"] < m["baseline"]["ettr"] <= 1
+    assert 0 < m["goodput_ratio"] < 1
+    assert m["kept_steps"] == m["steps"]  # every step of the plan is in the final weights
+    timed = [i["mttr"] for i in m["incidents"] if i["outcome"] == "detected"]
+    assert timed and all(t is not None and t > 0 for t in timed)
+    page = (tmp_path / "soak" / "scorecard.html").read_text()
+    assert 'id="soak-soak-ettr"' in page and "ETTR" in page
+    assert "ETTR" in (tmp_path / "soak" / "scorecard.md").read_text()
+    assert "ETTR" in output and "time to recover by fault kind" in output
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replays(
+    tmp_path: Path,
+) -> None:
+    code, output, card = _soak(
+        tmp_path, "--steps", "200", "--rate", "0.02", "--seed", "5", "--kinds", "nan_grad",
+        "--preset", "fragile",
+    )  # fmt: skip
+    assert code == 1, output[-4000:]
+    soak, minimal = card["scenarios"]  # type: ignore[misc]
+    failed = {c["name"] for c in soak["checks"] if c["status"] == "failed"}
+    assert "kept_params_finite" in failed
+    assert "kept_params_finite broke (seed 5)" in " ".join(output.split())
+    # The smallest plan that still breaks it: one NaN, which the fragile trainer trains on.
+    suite = load_suite(tmp_path / "soak" / "minimal.yaml")
+    (scenario,) = suite.scenarios
+    assert [f.kind for f in scenario.faults] == ["nan_grad"]
+    assert scenario.expect.checks() == ["kept_params_finite"]
+    assert minimal["status"] == "failed" and len(soak["spec"]["faults"]) > 1
+    # Replayed by the suite runner: it breaks again.
+    os.environ["TIGHTROPE_CACHE"] = str(tmp_path / "cache")
+    try:
+        again = run_module(
+            "-m", "harness", "run", str(tmp_path / "soak" / "minimal.yaml"),
+            "--scorecard", str(tmp_path / "replay"),
+        )  # fmt: skip
+    finally:
+        del os.environ["TIGHTROPE_CACHE"]
+    assert again.returncode == 1, again.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_fault_with_nothing_to_damage_is_skipped_and_training_goes_on(
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "plan.yaml"
+    faults = [{"kind": "swap", "at_step": 2}, {"kind": "truncate", "at_step": 12}]
+    plan.write_text(yaml.safe_dump({"faults": faults}))
+    run_dir = tmp_path / "run"
+    done = run_module(
+        "-m", "reference_trainer", "--run-dir", str(run_dir), "--steps", "14",
+        "--checkpoint-every", "10", "--fault-plan", str(plan),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    journal = read_journal(run_dir)
+    (skipped,) = journal.of_kind("fault_skipped")
+    assert skipped.step == 2 and skipped["fault"] == "swap"
+    assert "does not exist" in skipped["reason"]
+    # The negative control: after the first save there is something to damage.
+    (hit,) = journal.of_kind("fault_injected")
+    assert hit.step == 12 and hit["fault"] == "truncate"
