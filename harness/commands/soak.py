@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.commands.suite import UsageError
+from harness.errors import TightropeError
 
 
 def _positive(kind: type[float] | type[int], what: str) -> Any:
@@ -136,12 +138,25 @@ def _soak(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         say=lambda line: console.print(escape(line), highlight=False),
     )
+    # The soak runs in a worker thread; Ctrl-C or SIGTERM here sets its stop event, which
+    # kills every launch within a second, and the results so far are still written.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        outcome = run_soak(options)
-    except KeyboardInterrupt:
-        console.print("tightrope: soak interrupted", highlight=False)
-        return 130
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(run_soak, options)
+            try:
+                while not future.done():
+                    wait([future], timeout=0.5)
+            except KeyboardInterrupt:
+                options.stop.set()
+                wait([future])
+            try:
+                outcome = future.result()
+            except TightropeError:
+                if options.stop.is_set():  # stopped in its calibration run
+                    console.print("tightrope: soak interrupted", highlight=False)
+                    return 130
+                raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     files = write_scorecards(outcome.result, out_dir)

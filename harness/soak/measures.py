@@ -184,16 +184,16 @@ def executions(journal: Journal) -> list[Execution]:
             same = since is not None and since.restart == event.restart
             seconds = max(0.0, event.wall - since.wall) if same and since is not None else 0.0
             tokens = event.get("tokens")
+            counted = isinstance(tokens, int) and not isinstance(tokens, bool)
             found.append(
                 Execution(
                     step=event.step,
                     wall=event.wall,
                     seconds=seconds,
                     kept=last[event.step] == n and good(event),
-                    tokens=tokens if isinstance(tokens, int) and not isinstance(tokens, bool)
-                    else None,
+                    tokens=tokens if counted else None,
                 )
-            )  # fmt: skip
+            )
         if event.kind in _BOUNDARIES:
             since = event
     return found
@@ -203,19 +203,19 @@ def measure(journal: Journal, wall_seconds: float) -> Measures:
     """The measures of a run whose launch took ``wall_seconds`` (harness-timed)."""
     runs = executions(journal)
     kept = [r for r in runs if r.kept]
-    tokens = [r.tokens for r in kept]
+    tokens = [r.tokens for r in kept if r.tokens is not None]
     start = min((e.wall for e in journal), default=0.0)
     return Measures(
         wall_seconds=wall_seconds,
         kept_seconds=sum(r.seconds for r in kept),
         kept_steps=len(kept),
         executed_steps=len(runs),
-        kept_tokens=sum(t for t in tokens if t is not None) if kept and None not in tokens
-        else None,
+        # Tokens only when every kept step counted them: a partial sum would be no rate.
+        kept_tokens=sum(tokens) if kept and len(tokens) == len(kept) else None,
         incidents=tuple(incidents(journal, start)),
         skipped_faults=_skipped(journal),
         curve=_curve(runs, start),
-    )  # fmt: skip
+    )
 
 
 def _skipped(journal: Journal) -> dict[str, int]:

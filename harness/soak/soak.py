@@ -48,8 +48,9 @@ from harness.soak.plan import draw_plan
 from harness.soak.shrink import shrink
 from harness.suites.scenario import Expect, Scenario, TrainerSpec
 
-#: Steps past two checkpoints of the calibration run that measures the step rate.
-CALIBRATION_EXTRA_STEPS = 20
+#: Steps of the calibration run that measures a configuration's fault-free step rate (a
+#: much shorter run's learning-rate schedule is too steep to train the tiny model calmly).
+CALIBRATION_STEPS = 300
 #: Steps a shrinking trial trains past its last fault (the damage must have time to show).
 TRIAL_MARGIN_CHECKPOINTS = 2
 #: The pseudo-invariant of a run that errored (crashed, timed out) instead of finishing.
@@ -154,7 +155,7 @@ def calibrate(options: SoakOptions) -> tuple[int, float]:
     """(steps, seconds per step) for ``options.seconds`` of fault-free training, from a
     calibration run (cached like a baseline)."""
     assert options.seconds is not None
-    steps = 2 * options.checkpoint_every + CALIBRATION_EXTRA_STEPS  # two saves in the rate
+    steps = max(CALIBRATION_STEPS, 2 * options.checkpoint_every + 20)  # two saves in the rate
     spec = _trainer(options, steps, 0, 600.0)
     run_dir = baseline_run(spec, options.cache_dir, use_cache=options.use_cache, stop=options.stop)
     journal = read_journal(run_dir, warn=False)
@@ -213,7 +214,9 @@ def run_soak(options: SoakOptions) -> SoakOutcome:
         world_size=options.world_size,
         checkpoint_every=options.checkpoint_every,
     )
-    expected = options.seconds if options.seconds is not None else 600.0
+    # What the soak is expected to take, fault-free, for its deadline (a generous guess of
+    # a quarter second a step when only steps were given).
+    expected = options.seconds if options.seconds is not None else max(600.0, 0.25 * steps)
     trainer = _trainer(options, steps, _count_process_faults(plan), expected)
     options.say(
         f"soak: {steps} steps, {len(plan)} faults drawn (seed {options.seed}, "
