@@ -3,6 +3,8 @@ bound, finite weights in every kept step, no process left behind."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from harness.oracles import (
 )
 from harness.oracles.verdict import Evidence
 from harness.records.journal import Event, Journal
+from harness.running.launch import run_process
 
 
 def _event(kind: str, step: int, wall: float, restart: int = 0, rank: int = 0, **f: Any) -> Event:
@@ -71,3 +74,15 @@ def test_processes_left_passes_on_none_fails_on_some_and_is_not_judged_unlooked(
     check = ProcessesLeftOracle().judge(_evidence([], left_behind=2))
     assert check.status == "failed" and "2 processes outlived" in check.detail
     assert ProcessesLeftOracle().judge(_evidence([])).status == "not judged"
+
+
+def test_a_launch_counts_the_process_it_left_behind_and_a_clean_one_none(tmp_path: Path) -> None:
+    def launch(script: str) -> int | None:
+        deadline = time.monotonic() + 30
+        done = run_process(["sh", "-c", script], log=tmp_path / "log", deadline=deadline,
+                           env=dict(os.environ))  # fmt: skip
+        return done.left_behind
+
+    assert launch("true") == 0
+    # A background child that outlives its shell: killed by the harness, and counted.
+    assert launch("sleep 30 & exit 0") == 1

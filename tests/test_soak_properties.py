@@ -8,7 +8,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 
 from faults.plan import FaultPlan
 from harness.running.runner import Runner, RunOptions
@@ -34,10 +34,11 @@ def _once(plan: FaultPlan) -> FaultPlan:
     deadline=None,
     database=None,
     derandomize=True,  # the same three plans in every CI run; soaks explore other seeds
+    phases=[Phase.generate],  # no shrinking: each example is a real two-rank run
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(
-    fault_plans(
+    plan=fault_plans(
         kinds=soak_kinds(), min_faults=1, max_faults=3, max_step=STEPS, checkpoint_every=EVERY
     ).map(_once)
 )
@@ -66,5 +67,6 @@ def test_the_reference_trainer_keeps_the_soak_invariants_under_drawn_plans(
     result = Runner(RunOptions(out_dir=tmp_path / name)).scenario(scenario)
     shown = [f.model_dump(exclude_defaults=True) | {"kind": f.kind} for f in plan]
     assert result.error is None, (shown, result.error, result.log_tail[-2000:])
-    broken = [(c.name, c.detail) for c in result.checks if c.status != "passed"]
+    # A check with nothing to judge (no checkpoint was ever loaded) holds vacuously here.
+    broken = [(c.name, c.detail) for c in result.checks if c.status == "failed"]
     assert not broken, (shown, broken)

@@ -219,8 +219,9 @@ def run_process(
                     code = None
                     break
     # Whatever the launch left behind (a worker orphaned by a killed launcher, a trainer's
-    # background child) ends with it, and is counted (`no_processes_left`).
-    left = kill_marked(mark)
+    # background child) ends with it, and is counted (`no_processes_left`); a second lets
+    # what was just killed, or is following its parent out, end by itself first.
+    left = kill_marked(mark, grace=1.0)
     seconds = time.monotonic() - started
     return Launch(code, timed_out, seconds, interrupted, left_behind=left, ended=time.time())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 
 
 def descendants(pid: int) -> list[int]:
@@ -89,10 +90,16 @@ def marked(mark: str) -> list[int]:
     return found
 
 
-def kill_marked(mark: str) -> int:
+def kill_marked(mark: str, grace: float = 0.0) -> int:
     """SIGKILL every process left over from the launch ``mark`` (stopped ones too: SIGKILL
-    ends a stopped process); the number killed."""
+    ends a stopped process) once ``grace`` seconds have given them the chance to end on
+    their own (a process already killed and still dying, a monitor that follows its rank
+    out); the number killed."""
     left = marked(mark)
+    deadline = time.monotonic() + grace
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = marked(mark)
     for pid in left:
         _signal(pid, signal.SIGKILL)
     return len(left)
