@@ -4,14 +4,20 @@ and refused with a named reason when it cannot be drawn; shrinking finds what fa
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from faults.registry import kinds as registered_kinds
+from harness.running.baseline import baseline_key
+from harness.running.launch import reference_command
+from harness.running.runner import target_steps
 from harness.soak.plan import MAX_DURATION, SoakPlanError, arrival_steps, draw_plan, soak_kinds
 from harness.soak.shrink import shrink
+from harness.suites.scenario import TrainerSpec
 from harness.suites.strategies import drawn_from_seed, fault_specs
 
 
@@ -96,3 +102,20 @@ def test_shrinking_stops_at_its_budget_with_the_smallest_failing_plan_seen() -> 
     assert not found.complete and found.trials == 4
     assert {3, 29} <= set(found.items)
     assert found.items == (failing[-1] if failing else tuple(range(40)))
+
+
+def test_stop_after_cuts_a_run_short_on_the_same_schedule_and_is_checked() -> None:
+    cut = TrainerSpec(steps=400, stop_after=150)
+    argv = reference_command(cut, Path("run"), None, stop_after=cut.stop_after)
+    assert (
+        argv[argv.index("--steps") + 1] == "400" and argv[argv.index("--stop-after") + 1] == "150"
+    )
+    assert target_steps(cut, None) == 150
+    assert baseline_key(cut, code="c") != baseline_key(TrainerSpec(steps=400), code="c")
+    for bad, said in [
+        ({"steps": 100, "stop_after": 150}, "stop_after 150 is past steps 100"),
+        ({"steps": 100, "stop_after": 50, "resume_after": 20}, "stop_after goes with neither"),
+        ({"command": "python t.py", "stop_after": 5}, "stop_after apply to the reference"),
+    ]:
+        with pytest.raises(ValidationError, match=said):
+            TrainerSpec(**bad)

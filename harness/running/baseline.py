@@ -100,7 +100,7 @@ def baseline_run(
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
             argv = (
-                reference_command(spec, run_dir, None)
+                reference_command(spec, run_dir, None, stop_after=spec.stop_after)
                 if spec.command is None
                 else custom_command(spec, run_dir, None)
             )

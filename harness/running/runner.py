@@ -125,7 +125,8 @@ def _launch_faulted(
         return run_on_docker(scenario, run_dir, plan, log, deadline, poll)
     # A process fault needs torchrun even for one rank: it restarts what was lost.
     elastic = any(type(f).fault_class == "process" for f in scenario.faults)
-    first = reference_command(spec, run_dir, plan, stop_after=spec.resume_after, elastic=elastic)
+    early = spec.resume_after or spec.stop_after
+    first = reference_command(spec, run_dir, plan, stop_after=early, elastic=elastic)
     launch = run_process(first, log=log, deadline=deadline, env=env, on_poll=poll, stop=stop)
     if spec.resume_after is None or launch.exit_code != 0:
         return launch
@@ -319,10 +320,11 @@ class Runner:
 
 
 def target_steps(spec: TrainerSpec, baseline: Journal | None) -> int:
-    """The step a complete run reaches: ``steps`` for the reference trainer; for a command
-    trainer, the last step its fault-free run reached (it counts its own steps)."""
+    """The step a complete run reaches: ``stop_after`` or ``steps`` for the reference
+    trainer; for a command trainer, the last step its fault-free run reached (it counts its
+    own steps)."""
     if spec.command is None or baseline is None:
-        return spec.steps
+        return spec.stop_after or spec.steps
     return max((e.step for e in baseline if e.kind == "step" and e.rank == 0), default=spec.steps)
 
 

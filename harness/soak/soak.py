@@ -309,13 +309,18 @@ def _baseline_measures(out_dir: Path, rel: str | None, cache_dir: Path) -> Measu
     return measure(journal, seconds)
 
 
-def trial_steps(faults: tuple[FaultSpec, ...], options: SoakOptions, steps: int, check: str) -> int:
-    """A shrinking trial's length: the soak's own for the final-loss check (its baseline
-    is the soak's), else two checkpoints past the last fault."""
+def trial_stop(
+    faults: tuple[FaultSpec, ...], options: SoakOptions, steps: int, check: str
+) -> int | None:
+    """Where a shrinking trial stops: two checkpoints past its last fault, with the soak's
+    own learning-rate schedule (``stop_after``: a shorter run's steeper schedule would
+    train something else); None, the soak's whole length, for the final-loss check (its
+    baseline is the soak's)."""
     if check == "final_loss_within" or not faults:
-        return steps
+        return None
     last = max(f.at_step or 1 for f in faults)
-    return min(steps, last + TRIAL_MARGIN_CHECKPOINTS * options.checkpoint_every)
+    stop = last + TRIAL_MARGIN_CHECKPOINTS * options.checkpoint_every
+    return stop if stop < steps else None
 
 
 def _trial_expect(check: str, options: SoakOptions) -> Expect:
@@ -339,9 +344,9 @@ def _shrink(outcome: SoakOutcome, soak: Scenario, options: SoakOptions) -> None:
     scenarios: list[Scenario] = []
 
     def trial(faults: tuple[FaultSpec, ...]) -> Scenario:
-        steps = trial_steps(faults, options, outcome.steps, check)
+        stop = trial_stop(faults, options, outcome.steps, check)
         trainer = soak.trainer.model_copy(
-            update={"steps": steps, "max_restarts": min(100, 2 * len(faults) + 2)}
+            update={"stop_after": stop, "max_restarts": min(100, 2 * len(faults) + 2)}
         )
         return Scenario(
             name=f"shrink-{len(seen) + 1}",
@@ -360,8 +365,9 @@ def _shrink(outcome: SoakOutcome, soak: Scenario, options: SoakOptions) -> None:
         seen.append(result)
         scenarios.append(scenario)
         broke = _broken(result) == check
+        length = scenario.trainer.stop_after or scenario.trainer.steps
         options.say(
-            f"  shrink trial {len(seen)}: {len(faults)} faults, {scenario.trainer.steps} steps: "
+            f"  shrink trial {len(seen)}: {len(faults)} faults, {length} steps: "
             f"{'still breaks ' + check if broke else 'holds'} ({result.seconds:.0f} s)"
         )
         return broke

@@ -92,6 +92,13 @@ class TrainerSpec(_Model):
         description="Stop with a checkpoint after this step, then resume from the latest "
         "checkpoint, as a rescheduled job would (reference trainer only).",
     )
+    stop_after: int | None = Field(
+        default=None,
+        ge=1,
+        description="End the run after this step, with a checkpoint; the learning-rate "
+        "schedule still spans `steps`, so the run trains exactly what a longer one trains up "
+        "to there (reference trainer only).",
+    )
     max_restarts: int = Field(
         default=3,
         ge=0,
@@ -156,10 +163,11 @@ class TrainerSpec(_Model):
         if self.command is not None and not self.command.strip():
             raise ValueError("command is empty")
         if self.command is not None and (
-            self.disable or self.enable or self.resume_after is not None
+            self.disable or self.enable or self.resume_after is not None or self.stop_after
         ):
             raise ValueError(
-                "disable, enable and resume_after apply to the reference trainer, not to a command"
+                "disable, enable, resume_after and stop_after apply to the reference trainer, "
+                "not to a command"
             )
         if self.command is not None and self.data_mix is not None:
             raise ValueError("data_mix applies to the reference trainer, not to a command")
@@ -185,6 +193,11 @@ class TrainerSpec(_Model):
             raise ValueError(f"min_nodes {self.min_nodes} is more than nodes {self.nodes}")
         if self.resume_after is not None and self.resume_after >= self.steps:
             raise ValueError(f"resume_after {self.resume_after} must be before steps {self.steps}")
+        if self.stop_after is not None:
+            if self.stop_after > self.steps:
+                raise ValueError(f"stop_after {self.stop_after} is past steps {self.steps}")
+            if self.resume_after is not None or self.launcher == "docker":
+                raise ValueError("stop_after goes with neither resume_after nor launcher docker")
         if self.checkpoint_every > self.steps:
             raise ValueError(
                 f"checkpoint_every {self.checkpoint_every} is past steps {self.steps}: "
