@@ -136,7 +136,7 @@ scenarios:
         (
             "{name: a, trainer: {command: 'python t.py', resume_after: 3}, "
             "expect: {completed: true}}",
-            "disable, enable and resume_after apply to the reference trainer",
+            "disable, enable, resume_after and stop_after apply to the reference trainer",
         ),
         ("{name: 'bad name!', expect: {completed: true}}", "scenarios[0].name: String should"),
         (
