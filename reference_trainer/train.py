@@ -99,6 +99,7 @@ class Run:
             rank=topo.rank,
             keep=cfg.keep_checkpoints,
             barrier=lambda: distributed.barrier(topo),
+            agree=lambda step: distributed.min_max_over_ranks(step, topo),
             claim=self.agent.claim,
             keep_back=recovery.retry_steps if recovery.enabled else 0,
         )
@@ -163,7 +164,7 @@ class Run:
         self.schedule.tokens = int(
             extra.get("tokens_trained", step * self.trainer.loader.tokens_per_step())
         )
-        rng = ckpt.load_rng(path, self.topo.rank)
+        rng = self.checkpoints.rng_of(path)
         if rng is not None:
             ckpt.set_rng_state(rng)
         else:  # a rank that did not exist when the checkpoint was taken

@@ -255,3 +255,85 @@ def test_retention_keeps_one_checkpoint_far_enough_back_for_an_fp32_retry(tmp_pa
     m.keep_back = 0
     m.save(110, _state(110))
     assert [files.checkpoint_step(p) for p in files.complete_checkpoints(tmp_path)] == [100, 110]
+
+
+def test_a_file_changed_after_its_hash_was_checked_is_refused_as_read(tmp_path: Path) -> None:
+    """Found by a soak: rank 1's disk fault struck a checkpoint between rank 0's manifest
+    check and its read of the files. What is loaded is now hashed as it is read."""
+    manager(tmp_path).save(1, _state(1))
+    ckpt = tmp_path / "checkpoints" / "step-00000001"
+    sha = json.loads((ckpt / "manifest.json").read_text())["files"]["state.pt"]["sha256"]
+    assert files.load_file(ckpt / "state.pt", sha)["step"] == 1
+    data = bytearray((ckpt / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 0x10  # after the check: a flip in the tensor bytes
+    (ckpt / "state.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="changed after it was verified"):
+        files.load_file(ckpt / "state.pt", sha)
+    assert files.load_file(ckpt / "state.pt")["step"] == 1  # unchecked, it would have loaded
+
+
+def test_a_verified_load_keeps_the_rng_states_it_read_with_the_state(tmp_path: Path) -> None:
+    manager(tmp_path).save(1, _state(1))
+    ckpt = tmp_path / "checkpoints" / "step-00000001"
+    reader = manager(tmp_path)
+    path, _ = reader.load_valid()
+    read = files.load_rng(ckpt, 0)
+    (ckpt / files.rng_file(0)).write_bytes(b"damaged after the load was verified")
+    kept = reader.rng_of(path)
+    assert kept is not None and read is not None
+    assert_same(kept, read)  # what was verified, not what is on disk now
+    with pytest.raises(CheckpointError, match="unreadable"):
+        manager(tmp_path).rng_of(path)  # a manager that verified nothing reads the disk
+
+
+@pytest.mark.parametrize(
+    ("agreeing", "steps"), [(True, {"a": 1, "b": 1}), (False, {"a": 2, "b": 1})]
+)
+def test_ranks_agree_on_the_oldest_checkpoint_any_of_them_could_verify(
+    tmp_path: Path, agreeing: bool, steps: dict[str, int]
+) -> None:
+    """Found by a soak: one rank verified a checkpoint that a fault damaged before another
+    rank read it, and the ranks resumed from different steps. Two managers of one run dir
+    stand in for two ranks (threads); their ``agree`` is the min/max exchange torch's
+    all-reduce does in the trainer. Without it (the negative control) they part ways."""
+    import threading
+
+    writer = manager(tmp_path)
+    writer.save(1, _state(1))
+    writer.save(2, _state(2))
+    values: dict[str, int] = {}
+    rounds = threading.Barrier(2)
+    a_loaded = threading.Event()
+
+    def agree(who: str) -> Any:
+        def exchange(step: int) -> tuple[int, int]:
+            values[who] = step
+            a_loaded.set()
+            rounds.wait()
+            low, high = min(values.values()), max(values.values())
+            rounds.wait()  # both have read this round before the next one writes
+            return low, high
+
+        return exchange
+
+    loaded: dict[str, int] = {}
+
+    def rank(who: str) -> None:
+        m = manager(tmp_path)
+        if agreeing:
+            m.agree = agree(who)
+        _, state = m.load_valid()
+        loaded[who] = state["step"]
+        a_loaded.set()
+
+    first = threading.Thread(target=rank, args=("a",))
+    first.start()
+    a_loaded.wait(10)  # rank a verified and loaded step 2 (and waits to agree)
+    newest = tmp_path / "checkpoints" / "step-00000002"
+    data = next(f for f in ("delta.bin", "state.pt") if (newest / f).exists())  # a delta or full
+    (newest / data).write_bytes(b"damaged before rank b read it")
+    second = threading.Thread(target=rank, args=("b",))
+    second.start()
+    first.join(10)
+    second.join(10)
+    assert loaded == steps

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from harness.commands.suite import UsageError
+from harness.commands.suite import UsageError, interrupt
 from harness.errors import TightropeError
 
 
@@ -140,7 +140,7 @@ def _soak(args: argparse.Namespace) -> int:
     )
     # The soak runs in a worker thread; Ctrl-C or SIGTERM here sets its stop event, which
     # kills every launch within a second, and the results so far are still written.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = pool.submit(run_soak, options)
@@ -176,7 +176,3 @@ def _soak(args: argparse.Namespace) -> int:
     if outcome.result.interrupted:
         return 130
     return 0 if outcome.broken is None and outcome.result.passed else 1
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

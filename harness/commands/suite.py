@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         options.cores = args.cores
     # SIGTERM (a CI job cancelled, a scheduler's stop) ends the run as Ctrl-C does: every
     # launch killed within a second, the results so far written as a partial scorecard.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         result = run_suite(suite, options, select=[s.name for s in chosen])
     finally:
@@ -134,7 +134,8 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
-def _interrupt(signum: int, frame: object) -> None:
+def interrupt(signum: int, frame: object) -> None:
+    """SIGTERM's handler while a run goes on: it ends the run as Ctrl-C does."""
     raise KeyboardInterrupt
 
 

@@ -20,6 +20,8 @@ and when, and verifies what it loads.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import random
 import re
@@ -250,13 +252,25 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
-def load_file(path: Path) -> dict[str, Any]:
-    """``torch.load(weights_only=True)`` of a dict; a `CheckpointError` naming the file
-    when it is missing, damaged or holds anything but plain data."""
+def load_file(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a dict, from the file's bytes read once; with
+    ``sha256``, those very bytes must hash to it, so a file changed after the manifest
+    check (another rank's disk fault in between) is refused, never loaded. A
+    `CheckpointError` naming the file when it is missing, damaged or holds anything but
+    plain data."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path} is missing") from None
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint file {path} is unreadable: {exc.strerror}") from exc
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise CheckpointError(
+            f"checkpoint file {path} does not match its hash in the manifest as it was read "
+            "(changed after it was verified)"
+        )
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds for damaged files
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint file {path} is unreadable: {reason}") from exc

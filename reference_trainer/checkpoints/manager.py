@@ -10,6 +10,7 @@ disk looks like a checkpoint, so a crash mid-persist leaves the previous one in 
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import threading
 import time
@@ -85,8 +86,11 @@ class CheckpointManager:
         barrier: Callable[[], None],
         claim: Claim,
         keep_back: int = 0,
+        agree: Callable[[int], tuple[int, int]] = lambda step: (step, step),
     ) -> None:
         self.run_dir = run_dir
+        #: The smallest and largest of a step over every rank (`load_valid` agrees on one).
+        self.agree = agree
         self.root = RunLayout(run_dir).checkpoints
         self.config = config
         self.rank = rank
@@ -99,6 +103,8 @@ class CheckpointManager:
         self.last_verified: Path | None = None
         self._base: tuple[str, Any] | None = None  # (name, state) of the last full save
         self._since_full = 0
+        #: (checkpoint, this rank's RNG states) read with the last verified load.
+        self._rng: tuple[Path, dict[str, Any] | None] | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._run_id: str | None = None
@@ -263,30 +269,67 @@ class CheckpointManager:
             manifest: dict[str, Any] | None = self._checked(path)
         else:
             manifest = read_manifest(path) if (path / DELTA_FILE).exists() else None
+
+        # Verified, every file is hashed again as it is read: a file changed between the
+        # manifest check and the read (another rank's fault, a disk) is refused.
+        def digest(of: dict[str, Any] | None, name: str) -> str | None:
+            return str(of["files"][name]["sha256"]) if verify and of is not None else None
+
         if manifest is not None and manifest["kind"] == "delta":
             if verify:
                 parent, base_manifest = self._checked_parent(path, manifest)
-                base = files.load_file(parent / files.STATE_FILE)
+                base_file = parent / files.STATE_FILE
+                base = files.load_file(base_file, digest(base_manifest, files.STATE_FILE))
                 verify_tensors(parent, base_manifest, base)
             else:
                 base = files.load_file(self._parent_of(path, manifest) / files.STATE_FILE)
             try:
-                blob = DeltaBlob.from_bytes((path / DELTA_FILE).read_bytes())
-                state: dict[str, Any] = decode_delta(blob, base)
+                data = (path / DELTA_FILE).read_bytes()
+                expected = digest(manifest, DELTA_FILE)
+                if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+                    raise DeltaError("changed after it was verified (its hash differs as read)")
+                state: dict[str, Any] = decode_delta(DeltaBlob.from_bytes(data), base)
             except (DeltaError, OSError) as exc:
                 raise CheckpointError(f"{path / DELTA_FILE}: {exc}") from exc
         else:
-            state = files.load_file(path / files.STATE_FILE)
+            state = files.load_file(path / files.STATE_FILE, digest(manifest, files.STATE_FILE))
         if verify:
             assert manifest is not None
             verify_tensors(path, manifest, state)
+            # This rank's RNG states, read and hashed now with the rest (`rng_of`).
+            name, rng = files.rng_file(self.rank), None
+            if name in manifest["files"]:
+                rng = files.load_file(path / name, digest(manifest, name))
+            self._rng = (path, rng)
         return state
+
+    def rng_of(self, path: Path) -> dict[str, Any] | None:
+        """This rank's RNG states of checkpoint ``path``: those read and verified with its
+        state when it was loaded verified, else read from disk now; None when this rank
+        did not exist when it was taken."""
+        if self._rng is not None and self._rng[0] == path:
+            return self._rng[1]
+        return files.load_rng(path, self.rank)
 
     def load_valid(
         self, *, skip: int = 0, at_most_step: int | None = None
     ) -> tuple[Path, dict[str, Any]]:
         """The newest checkpoint that loads and verifies, passing over ``skip`` valid ones
-        and any newer than ``at_most_step``; every refusal is journaled."""
+        and any newer than ``at_most_step``; every refusal is journaled.
+
+        Every rank ends on the same one: a rank that found a newer checkpoint than another
+        rank could verify loads again at or before the oldest found (a file one rank
+        verified can be damaged before another reads it)."""
+        path, state = self._newest_valid(skip=skip, at_most_step=at_most_step)
+        while True:
+            low, high = self.agree(files.checkpoint_step(path))
+            if low == high:
+                return path, state
+            path, state = self._newest_valid(at_most_step=low)
+
+    def _newest_valid(
+        self, *, skip: int = 0, at_most_step: int | None = None
+    ) -> tuple[Path, dict[str, Any]]:
         self.wait()
         rejected = []
         for path in self.candidates():

@@ -91,6 +91,15 @@ def mean_over_ranks(value: torch.Tensor, topo: Topology) -> torch.Tensor:
     return total / topo.world_size
 
 
+def min_max_over_ranks(value: int, topo: Topology) -> tuple[int, int]:
+    """The smallest and largest of an integer over all ranks (itself in one process)."""
+    if not topo.distributed:
+        return value, value
+    both = torch.tensor([-value, value], dtype=torch.int64, device=topo.device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return int(-both[0]), int(both[1])
+
+
 def shutdown(topo: Topology) -> None:
     """Leave the process group cleanly."""
     if topo.distributed and dist.is_initialized():
