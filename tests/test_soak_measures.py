@@ -135,3 +135,20 @@ def test_mttr_by_kind_summarises_each_kind() -> None:
     row = measure(run.journal(), wall_seconds=20.0).mttr_by_kind()["nan_grad"]
     assert row["faults"] == 2 and row["detected"] == 2 and row["unrecovered"] == 0
     assert row["median"] == pytest.approx(1.9) and row["max"] == pytest.approx(1.9)
+
+
+def test_damage_to_a_checkpoint_no_load_went_to_stays_latent() -> None:
+    run = Clock().start().steps(1, 4)
+    damaged = {"plan_index": 0, "file": "/r/checkpoints/step-00000002/state.pt"}
+    run.at("fault_injected", 4, after=0.1, fault="zero_page", details=damaged)
+    run.at("checkpoint_loaded", 4, path="/r/checkpoints/step-00000004")  # another folder
+    run.steps(5, 6)
+    (other,) = measure(run.journal(), wall_seconds=10.0).incidents
+    assert other.outcome == "latent"
+    # The negative control: the same load of the damaged folder, with nothing refused.
+    run = Clock().start().steps(1, 4)
+    run.at("fault_injected", 4, after=0.1, fault="zero_page", details=damaged)
+    run.at("checkpoint_loaded", 4, path="/r/checkpoints/step-00000002")
+    run.steps(3, 6)
+    (hit,) = measure(run.journal(), wall_seconds=10.0).incidents
+    assert hit.outcome == "missed"

@@ -16,8 +16,9 @@ duration as the harness timed it:
 - an **incident** is one fault of the plan (its ``fault_injected`` events on any rank).
   Its outcome is ``detected`` when the run observably responded
   (`harness.oracles.timeline.corroborated`; for a checkpoint fault, only an integrity
-  response, up to the next checkpoint fault), ``latent`` for a damaged checkpoint no load
-  reached, else ``missed``. A detected fault's **time to recover** runs from the
+  response, up to the next checkpoint fault), ``latent`` for a checkpoint fault whose
+  damage no load reached in that time (no load of the damaged folder, or of any, for the
+  ``latest`` pointer), else ``missed``. A detected fault's **time to recover** runs from the
   injection to rank 0's first good step past the fault's step after the last sign of the
   incident before the next fault (a skipped step, a restart, a rollback's load, a
   recovery); missed and latent faults are not timed.
@@ -28,10 +29,11 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from faults.registry import kinds as registered_kinds
-from harness.oracles.timeline import LEAD_RANK, corroborated, good, skipped
+from harness.oracles.timeline import LEAD_RANK, corroborated, damaged_paths, good, skipped
 from harness.records.journal import Event, Journal
 
 #: Events after which rank 0 is back to training: a step's time starts at the last one.
@@ -274,7 +276,7 @@ def incidents(journal: Journal, start: float) -> list[Incident]:
         if checkpoint:
             counted = [d for d in counted if d.detector == "checkpoint_integrity"]
         outcome: Outcome = "detected" if counted else "missed"
-        if not counted and checkpoint and not any(e.kind in _LOADS for e in events[n:end]):
+        if not counted and checkpoint and not _reached(fault, events[n:end]):
             outcome = "latent"
         # Recovery is timed for detected faults only: a missed or latent one had nothing
         # done about it; its signs end where the next fault of any kind begins.
@@ -295,6 +297,21 @@ def incidents(journal: Journal, start: float) -> list[Incident]:
             )
         )
     return found
+
+
+def _reached(fault: Event, after: list[Event]) -> bool:
+    """Whether a load after a checkpoint fault went to what it damaged: the folder of a
+    damaged file, or any checkpoint when it damaged the ``latest`` pointer beside them."""
+    damaged = damaged_paths(fault, with_target=False) or damaged_paths(fault)
+    for e in after:
+        path = e.get("path")
+        if e.kind not in _LOADS or not isinstance(path, str):
+            continue
+        loaded = Path(path)
+        folder = loaded if e.kind in ("checkpoint_loaded", "checkpoint_rejected") else loaded.parent
+        if any(d == folder or folder in d.parents or d.parent == folder.parent for d in damaged):
+            return True
+    return False
 
 
 def _recovery(events: list[Event], n: int, end: int) -> tuple[float | None, int | None]:
