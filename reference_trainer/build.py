@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.inside.agent import Agent
 from harness.run_layout import RunLayout
 from reference_trainer.config import TrainConfig
+from reference_trainer.model_and_data import tokenizer_cache
 from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.corpus import Corpus
 from reference_trainer.model_and_data.data import (
@@ -59,11 +60,19 @@ def seed_everything(seed: int) -> None:
 
 
 def _tokenizer(cfg: TrainConfig, run_dir: Path, corpus: Corpus, topo: Topology) -> Any:
-    if topo.is_main and not RunLayout(run_dir).tokenizer.exists():
-        texts = [corpus.document(i).text for i in range(cfg.data.tokenizer_docs)]
-        trained = train_tokenizer(texts, cfg.model.vocab_size)
-        whole, _ = keep_whole(trained, texts, cfg.model.vocab_size, cfg.data.tokenizer)
-        save_tokenizer(whole, run_dir)
+    path = RunLayout(run_dir).tokenizer
+    if topo.is_main and not path.exists():
+        folder, key = tokenizer_cache.cache_folder(), tokenizer_cache.cache_key(cfg)
+        data = tokenizer_cache.cached(folder, key) if folder else None
+        if data is not None:
+            tokenizer_cache.restore(data, path)
+        else:
+            texts = [corpus.document(i).text for i in range(cfg.data.tokenizer_docs)]
+            trained = train_tokenizer(texts, cfg.model.vocab_size)
+            whole, _ = keep_whole(trained, texts, cfg.model.vocab_size, cfg.data.tokenizer)
+            save_tokenizer(whole, run_dir)
+            if folder:
+                tokenizer_cache.store(folder, key, path.read_bytes())
     distributed.barrier(topo)
     return load_tokenizer(run_dir, cfg.model.vocab_size)
 

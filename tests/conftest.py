@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,10 +65,16 @@ def quiet() -> contextlib.AbstractContextManager[object]:
 #: session or parent it ends up in; whatever still carries it at the end was left behind.
 SESSION_MARK = "TIGHTROPE_TEST_SESSION"
 
+#: The folder of trained tokenizers every fresh run of the session shares.
+TOKENIZER_CACHE = "TIGHTROPE_TOKENIZER_CACHE"
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Mark this session's environment, so its processes can be found at the end."""
+    """Mark this session's environment, so its processes can be found at the end; give
+    its fresh runs one tokenizer cache, so each configuration's BPE is trained once (each
+    entry is checked against its digest before use; tests/test_tokenizer_cache.py)."""
     os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+    os.environ[TOKENIZER_CACHE] = tempfile.mkdtemp(prefix="tightrope-tokenizers-")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -75,6 +83,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     harness's clean-up."""
     from harness.running.process_tree import _signal
 
+    cache = os.environ.pop(TOKENIZER_CACHE, "")
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
     mark = os.environ.get(SESSION_MARK)
     if not mark:
         return

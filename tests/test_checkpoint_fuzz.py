@@ -34,11 +34,14 @@ def pristine() -> Iterator[Pristine]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_resume_survives_300_random_damages(pristine: Pristine) -> None:
+def test_resume_survives_100_random_damages(pristine: Pristine) -> None:
     # A hang is reported after 10 s rather than the fuzzer's default 30: no resume of this
-    # run comes near that, and a regression should not cost minutes.
+    # run comes near that, and a regression should not cost minutes. 100 cases of seed 0
+    # do each of the 14 kinds of damage 10 to 22 times and leave 5 runs with nothing valid
+    # (the asserts below check that every kind and a refusal still come up); longer
+    # campaigns are the fuzzer's CLI's (docs/checkpoint-fuzzer.md).
     report = fuzz(
-        Settings(seed=0, cases=300, cli_every=75, timeout=10, cli_timeout=60), pristine=pristine
+        Settings(seed=0, cases=100, cli_every=25, timeout=10, cli_timeout=60), pristine=pristine
     )
 
     found = report.failures()
