@@ -74,8 +74,13 @@ def add_commands(commands: Any) -> None:
     soak.add_argument(
         "--kinds", metavar="K1,K2", help="fault kinds to draw from (default: every step kind)"
     )
-    soak.add_argument("--preset", choices=("reference", "fragile"), default="reference")
-    soak.add_argument("--model", choices=("tiny", "small"), default="tiny")
+    soak.add_argument(
+        "--preset",
+        choices=("reference", "fragile"),
+        default="reference",
+        help="every stability mechanism on (reference, default) or off (fragile)",
+    )
+    soak.add_argument("--model", choices=("tiny", "small"), default="tiny", help="(tiny)")
     soak.add_argument(
         "--world-size", type=_positive(int, "a positive integer"), default=2, help="ranks (2)"
     )
@@ -104,7 +109,9 @@ def add_commands(commands: Any) -> None:
         default=15.0,
         help="time shrinking may take (default 15)",
     )
-    soak.add_argument("--scorecard", type=Path, metavar="DIR", help="where results go")
+    soak.add_argument(
+        "--scorecard", type=Path, metavar="DIR", help="where results go (runs/soak-seed-SEED)"
+    )
     soak.add_argument("--no-cache", action="store_true", help="rerun the fault-free runs")
     soak.set_defaults(handler=_soak)
 
