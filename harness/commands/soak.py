@@ -171,9 +171,11 @@ def _soak(args: argparse.Namespace) -> int:
     if outcome.broken is not None:
         console.print(f"[bold red]{escape(outcome.broken)} broke[/] (seed {args.seed})")
         if outcome.minimal is not None and outcome.minimal_file is not None:
-            how = "minimal" if outcome.shrink_complete else "smallest found before the budget"
+            how = "minimal plan"
+            if not outcome.shrink_complete:
+                how = "smallest failing plan seen before the shrinking budget ran out"
             console.print(
-                f"{how} plan: {len(outcome.minimal)} of {len(outcome.plan)} faults, after "
+                f"{how}: {len(outcome.minimal)} of {len(outcome.plan)} faults, after "
                 f"{outcome.shrink_trials} trial runs; replay it with "
                 f"`tightrope run {outcome.minimal_file}`",
                 highlight=False,

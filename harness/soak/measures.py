@@ -207,6 +207,7 @@ def measure(journal: Journal, wall_seconds: float) -> Measures:
     kept = [r for r in runs if r.kept]
     tokens = [r.tokens for r in kept if r.tokens is not None]
     start = min((e.wall for e in journal), default=0.0)
+    found = tuple(incidents(journal, start))
     return Measures(
         wall_seconds=wall_seconds,
         kept_seconds=sum(r.seconds for r in kept),
@@ -214,18 +215,21 @@ def measure(journal: Journal, wall_seconds: float) -> Measures:
         executed_steps=len(runs),
         # Tokens only when every kept step counted them: a partial sum would be no rate.
         kept_tokens=sum(tokens) if kept and len(tokens) == len(kept) else None,
-        incidents=tuple(incidents(journal, start)),
-        skipped_faults=_skipped(journal),
+        incidents=found,
+        skipped_faults=_skipped(journal, {i.index for i in found}),
         curve=_curve(runs, start),
     )
 
 
-def _skipped(journal: Journal) -> dict[str, int]:
-    """Faults of the plan that found nothing to act on, by kind (once per plan fault)."""
+def _skipped(journal: Journal, injected: set[int]) -> dict[str, int]:
+    """Faults of the plan that found nothing to act on, by kind, once per plan fault and
+    only when it acted nowhere else (not on another rank, nor at another of its steps)."""
     seen: dict[object, str] = {}
     for e in journal.of_kind("fault_skipped"):
         details = e.get("details")
         index = details.get("plan_index") if isinstance(details, dict) else None
+        if index in injected:
+            continue
         seen.setdefault(index if index is not None else id(e), str(e.get("fault")))
     return dict(Counter(seen.values()))
 
