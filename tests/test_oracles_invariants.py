@@ -46,6 +46,9 @@ def test_a_run_killed_while_hung_fails_on_the_wait_until_the_launch_ended() -> N
 def test_stall_is_not_judged_without_steps() -> None:
     check = StallOracle(bound=10).judge(_evidence([_event("run_start", 0, 1.0)]))
     assert check.status == "not judged"
+    one = [_event("step", 1, 1.0, loss=1.0)]  # one step, and the launch's end unknown
+    assert StallOracle(bound=10).judge(_evidence(one)).status == "not judged"
+    assert StallOracle(bound=10).judge(_evidence(one, ended=2.0)).status == "passed"
 
 
 def test_a_non_finite_step_rolled_back_fails_params_finite_but_not_kept_params_finite() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import signal
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,7 @@ def add_commands(commands: Any) -> None:
 
 
 def _soak(args: argparse.Namespace) -> int:
+    from harness.running.runner import wait_or_stop
     from harness.scorecard import write_scorecards
     from harness.scorecard.terminal_report import print_results
     from harness.soak.plan import check_kinds
@@ -151,12 +152,7 @@ def _soak(args: argparse.Namespace) -> int:
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = pool.submit(run_soak, options)
-            try:
-                while not future.done():
-                    wait([future], timeout=0.5)
-            except KeyboardInterrupt:
-                options.stop.set()
-                wait([future])
+            wait_or_stop([future], options.stop)
             try:
                 outcome = future.result()
             except TightropeError:

@@ -39,9 +39,15 @@ class StallOracle(ExpectOracle):
         if evidence.ended is not None:
             walls.append(max(evidence.ended, walls[-1]))
         gaps = [(b - a, n) for n, (a, b) in enumerate(pairwise(walls))]
-        longest, where = max(gaps, default=(0.0, -1))
-        after = steps[where] if where >= 0 else steps[-1]
-        tail = where == len(steps) - 1
+        if not gaps:
+            return self.not_judged(
+                f"rank {LEAD_RANK} reported one step and the launch's end is not known, so "
+                "no wait can be measured",
+                unit="s",
+                expected=expected,
+            )
+        longest, where = max(gaps)
+        after, tail = steps[where], where == len(steps) - 1
         place = "before the launch ended" if tail else f"before step {steps[where + 1].step}"
         return self.verdict(
             longest <= self.bound,

@@ -15,10 +15,11 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.markup import escape
@@ -363,16 +364,10 @@ def run_suite(
     workers = max(1, min(len(scenarios), options.cores))
     if display is not None:
         display.__enter__()
-    interrupted = False
     pool = ThreadPoolExecutor(max_workers=workers)
     futures = [pool.submit(runner.scenario, s) for s in scenarios]
     try:
-        while not all(f.done() for f in futures):
-            wait(futures, timeout=0.5)  # short waits: Ctrl-C (and SIGTERM) get through
-    except KeyboardInterrupt:
-        interrupted = True
-        options.stop.set()  # running launches are killed; queued scenarios end at once
-        wait(futures)
+        interrupted = wait_or_stop(futures, options.stop)
     finally:
         pool.shutdown(wait=True)
         if display is not None:
@@ -389,6 +384,20 @@ def run_suite(
         version=__version__,
         interrupted=interrupted,
     )
+
+
+def wait_or_stop(futures: Sequence[Future[Any]], stop: threading.Event) -> bool:
+    """Wait for ``futures`` in short waits, so that Ctrl-C (and SIGTERM, raised as it) get
+    through; on one, set ``stop`` (running launches are killed, queued work ends at once)
+    and wait for them to end. True when interrupted."""
+    try:
+        while not all(f.done() for f in futures):
+            wait(futures, timeout=0.5)
+    except KeyboardInterrupt:
+        stop.set()
+        wait(futures)
+        return True
+    return False
 
 
 def _presets(scenarios: Sequence[Scenario]) -> str:

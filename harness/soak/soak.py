@@ -345,14 +345,15 @@ def _shrink(outcome: SoakOutcome, soak: Scenario, options: SoakOptions) -> None:
 
     def trial(faults: tuple[FaultSpec, ...]) -> Scenario:
         stop = trial_stop(faults, options, outcome.steps, check)
-        trainer = soak.trainer.model_copy(
-            update={"stop_after": stop, "max_restarts": min(100, 2 * len(faults) + 2)}
+        restarts = min(100, 2 * len(faults) + 2)
+        trainer = TrainerSpec.model_validate(
+            soak.trainer.model_dump() | {"stop_after": stop, "max_restarts": restarts}
         )
         return Scenario(
             name=f"shrink-{len(seen) + 1}",
             description=f"{len(faults)} of the soak's {len(outcome.plan)} faults "
             f"(seed {options.seed}); breaks {check}.",
-            trainer=TrainerSpec.model_validate(trainer.model_dump()),
+            trainer=trainer,
             faults=list(faults),
             expect=expect,
         )
