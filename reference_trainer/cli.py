@@ -8,6 +8,7 @@ on disk is touched.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import NoReturn
 from faults import FaultPlan
 from harness.errors import TightropeError
 from harness.mechanisms import OPT_IN, TRAINER_MECHANISMS
+from harness.optimizers import OPTIMIZERS
 from reference_trainer.checkpoints.files import checkpoint_step, complete_checkpoints
 from reference_trainer.checkpoints.run_dir import check_resumable, check_run
 from reference_trainer.checkpoints.schedule import token_count
@@ -36,6 +38,8 @@ _RESUMABLE_CHANGES = (
     "log_every",
 )
 _OVERRIDES = ("batch_size", "grad_accum", "precision", "seed", *_RESUMABLE_CHANGES)
+#: Flags that set a field of the optimizer's configuration: flag dest -> ``optim`` field.
+_OPTIM_OVERRIDES = {"optimizer": "name", "lr": "base_lr", "beta1": "beta1", "beta2": "beta2"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,6 +54,26 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _beta(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
     return value
 
 
@@ -74,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, help="sequences per rank per micro-step")
     p.add_argument("--grad-accum", type=_positive_int, help="micro-steps per optimizer step")
     p.add_argument("--seed", type=int, help="training seed (default: 0)")
+    p.add_argument(
+        "--optimizer",
+        choices=sorted(OPTIMIZERS),
+        help=f"the optimizer: {', '.join(OPTIMIZERS)} (default: adamw)",
+    )
+    p.add_argument(
+        "--lr", type=_positive_float, help="peak learning rate at the reference batch size"
+    )
+    p.add_argument("--beta1", type=_beta, help="the optimizer's beta1, in [0, 1)")
+    p.add_argument("--beta2", type=_beta, help="the optimizer's beta2, in [0, 1)")
     p.add_argument("--checkpoint-every", type=_positive_int, help="steps between checkpoints")
     p.add_argument(
         "--checkpoint-every-tokens",
@@ -122,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
 def settle_config(args: argparse.Namespace) -> TrainConfig:
     """The configuration to run: a preset with flags applied, or the resumed run's own."""
     given = {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
+    optim = {
+        field: getattr(args, flag)
+        for flag, field in _OPTIM_OVERRIDES.items()
+        if getattr(args, flag) is not None
+    }
     if args.checkpoint_every is not None:
         if args.checkpoint_every_tokens is not None:
             raise ConfigError(
@@ -138,6 +177,8 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
             cfg.enable(name)
         if args.data_mix is not None:
             cfg.data.source_weights = mix_weights(args.data_mix)
+        if optim:
+            given["optim"] = {**dataclasses.asdict(cfg.optim), **optim}
         return _apply(cfg, given)
     if (args.fragile or args.disable or args.enable) and not restart_count():
         # (A restarted worker gets the first attempt's flags again; they are settled.)
@@ -154,6 +195,13 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
         raise ConfigError(
             f"--preset {args.preset} differs from the resumed run's preset {cfg.preset}"
         )
+    for flag, field in _OPTIM_OVERRIDES.items():
+        value = optim.get(field)
+        if value is not None and value != getattr(cfg.optim, field):
+            raise ConfigError(
+                f"--{flag} {value} differs from the resumed run's {getattr(cfg.optim, field)}; "
+                "a resumed run keeps its configuration"
+            )
     for name, value in given.items():
         if name not in _RESUMABLE_CHANGES and value != getattr(cfg, name):
             flag = "--" + name.replace("_", "-")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harness.optimizers import OPTIMIZERS
 from harness.run_layout import RunLayout
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.batching_config import BatchingConfig
@@ -67,6 +68,8 @@ class DataConfig:
 class OptimConfig:
     """AdamW with layered epsilon, warmup then cosine decay held flat for the last 20%."""
 
+    name: str = "adamw"
+    """Which optimizer: one of `harness.optimizers.OPTIMIZERS`."""
     base_lr: float = 3e-3
     """Peak learning rate at the reference batch size."""
     reference_batch: int = 8
@@ -83,6 +86,10 @@ class OptimConfig:
     eps_feed_forward: float = 1e-4
 
     def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(
+                f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}"
+            )
         for name in ("base_lr", "eps_embedding", "eps_attention", "eps_feed_forward"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"optim.{name} must be > 0, got {getattr(self, name)}")

@@ -93,6 +93,8 @@ def reference_command(
         argv += ["--enable", name]
     if spec.data_mix is not None:
         argv += ["--data-mix", spec.data_mix]
+    if spec.optimizer is not None:
+        argv += spec.optimizer.flags()
     if stop_after is not None:
         argv += ["--stop-after", str(stop_after)]
     if plan is not None:

@@ -26,6 +26,7 @@ from faults.registry import parse_fault
 from faults.spec import FaultClass
 from harness.data_mixes import DATA_MIXES
 from harness.mechanisms import MECHANISMS, OPT_IN
+from harness.optimizers import OPTIMIZERS
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
 #: mechanism on, and the same trainer with all of them off (the negative control).
@@ -46,6 +47,38 @@ def _known(value: list[str], names: dict[str, str], what: str) -> list[str]:
             f"unknown {what} {', '.join(unknown)}; expected some of {', '.join(names)}"
         )
     return value
+
+
+class OptimizerSpec(_Model):
+    """The reference trainer's optimizer; a field left out keeps the preset's value. Written
+    as a mapping, or as a bare name (``optimizer: sophia``)."""
+
+    name: str = Field(default="adamw", description="One of harness.optimizers.OPTIMIZERS.")
+    lr: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Peak learning rate."
+    )
+    beta1: float | None = Field(default=None, ge=0, lt=1)
+    beta2: float | None = Field(default=None, ge=0, lt=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("name")
+    @classmethod
+    def _known_optimizer(cls, value: str) -> str:
+        _known([value], OPTIMIZERS, "optimizer")
+        return value
+
+    def flags(self) -> list[str]:
+        """The reference trainer's flags for this optimizer."""
+        argv = ["--optimizer", self.name]
+        for name in ("lr", "beta1", "beta2"):
+            value = getattr(self, name)
+            if value is not None:
+                argv += [f"--{name}", repr(value)]
+        return argv
 
 
 class TrainerSpec(_Model):
@@ -115,6 +148,11 @@ class TrainerSpec(_Model):
         default_factory=list,
         description="Opt-in mechanisms to switch on (reference): see harness.mechanisms.OPT_IN.",
     )
+    optimizer: OptimizerSpec | None = Field(
+        default=None,
+        description="The optimizer and its settings (reference): a name, or a mapping of "
+        "name, lr, beta1, beta2; default: the preset's AdamW.",
+    )
     data_mix: str | None = Field(
         default=None,
         description="The corpus's named mix (reference): see harness.data_mixes.DATA_MIXES; "
@@ -171,6 +209,11 @@ class TrainerSpec(_Model):
             )
         if self.command is not None and self.data_mix is not None:
             raise ValueError("data_mix applies to the reference trainer, not to a command")
+        if self.command is not None and self.optimizer is not None:
+            raise ValueError(
+                "optimizer applies to the reference trainer; a command trainer takes its "
+                "settings from its command line or env"
+            )
         if self.cwd is not None and self.command is None:
             raise ValueError("cwd applies to a command trainer; the reference trainer has none")
         if self.sample_command is not None and (
@@ -215,9 +258,12 @@ class TrainerSpec(_Model):
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same configuration (the baseline cache key's part)."""
         # How the run is launched (a stop and resume, containers) is not what it computes.
+        # The optimizer's key appears only when one is chosen, so that keys made before
+        # there was a choice still name the same runs.
         return self.model_dump(
             mode="json",
-            exclude={
+            exclude=({"optimizer"} if self.optimizer is None else set())
+            | {
                 "timeout",
                 "resume_after",
                 "launcher",

@@ -66,11 +66,13 @@ def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]
     return list(groups.values())
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW(beta1, beta2) over `parameter_groups`; learning rates are set per step."""
-    return torch.optim.AdamW(
-        parameter_groups(model, cfg), lr=0.0, betas=(cfg.beta1, cfg.beta2), foreach=True
-    )
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.name`` over `parameter_groups`; learning rates are set per step."""
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(
+            parameter_groups(model, cfg), lr=0.0, betas=(cfg.beta1, cfg.beta2), foreach=True
+        )
+    raise ConfigError(f"optim.name {cfg.name!r} has no builder in this trainer")
 
 
 def peak_lr(cfg: TrainConfig, world_size: int) -> float:
