@@ -87,7 +87,7 @@ class Trainer:
     topo: Topology
     model: GPT
     wrapped: torch.nn.Module
-    optimizer: torch.optim.AdamW
+    optimizer: torch.optim.Optimizer
     precision: Precision
     scaler: DynamicLossScaler
     monitor: ActivationMonitor | None
