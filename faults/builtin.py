@@ -29,6 +29,8 @@ from faults.node import NodeInjector, NodeKillSpec, NodePauseSpec, NodeStopSpec
 from faults.numeric import (
     ActivationOverflowInjector,
     ActivationOverflowSpec,
+    GradSpikeInjector,
+    GradSpikeSpec,
     GradUnderflowInjector,
     GradUnderflowSpec,
     InfGradInjector,
@@ -55,6 +57,7 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     (NanGradSpec, NanGradInjector),
     (InfGradSpec, InfGradInjector),
     (GradUnderflowSpec, GradUnderflowInjector),
+    (GradSpikeSpec, GradSpikeInjector),
     (ActivationOverflowSpec, ActivationOverflowInjector),
     # loss spike
     (LrSpikeSpec, LrSpikeInjector),

@@ -161,6 +161,44 @@ class GradUnderflowInjector(GradientInjector[GradUnderflowSpec]):
         return {"params": names, "factor": spec.factor, "mode": spec.mode, "zeroed": self._zeroed}
 
 
+# -- grad_spike ----------------------------------------------------------------------------
+
+
+class GradSpikeSpec(GradientFaultSpec):
+    """Scale gradients up: a burst that an adaptive optimizer's second moment must catch."""
+
+    kind: Literal["grad_spike"] = "grad_spike"
+    description: ClassVar[str] = (
+        "Multiply the matching gradients by a large factor (a gradient burst, as in "
+        "heavy-tailed gradient noise)."
+    )
+    fault_class: ClassVar[FaultClass] = "numeric"
+
+    factor: float = Field(
+        default=10.0, gt=1, allow_inf_nan=False, description="Scale of the gradients, > 1."
+    )
+
+
+class GradSpikeInjector(GradientInjector[GradSpikeSpec]):
+    """Scales the matching gradients at every accumulation, so the step's whole gradient
+    is that much larger however many micro-batches it sums.
+
+    Adam divides by the root of a running mean of squared gradients; with ``beta2`` near 1
+    that mean takes ~1/(1 - beta2) steps to catch up with a burst, and until then the
+    update is up to ``factor`` times its usual size."""
+
+    every_accumulation = True
+
+    def hit(self, ctx: StepContext, name: str, grad: torch.Tensor) -> int:
+        """Multiply ``grad`` by the factor."""
+        grad.mul_(self.spec.factor)
+        return grad.numel()
+
+    def details(self, ctx: StepContext, names: list[str]) -> dict[str, Any]:
+        """Parameters hit and the factor."""
+        return {"params": names, "factor": self.spec.factor}
+
+
 # -- activation_overflow -------------------------------------------------------------------
 
 

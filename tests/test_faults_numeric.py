@@ -20,7 +20,14 @@ from faults.injector import Injection, Injector
 from faults.tensors import share
 
 VOCAB, D = 32, 16
-NUMERIC = ["nan_grad", "inf_grad", "bitflip", "activation_overflow", "grad_underflow"]
+NUMERIC = [
+    "nan_grad",
+    "inf_grad",
+    "bitflip",
+    "activation_overflow",
+    "grad_underflow",
+    "grad_spike",
+]
 LOSS_SPIKE = ["lr_spike", "bad_batch"]
 
 
@@ -397,6 +404,44 @@ def test_activation_overflow_tuple_output_and_errors() -> None:
         injector(kind="activation_overflow", target="blocks.9").before_forward(ctx(root))
 
 
+# -- grad_spike ----------------------------------------------------------------------------
+
+
+def test_grad_spike_multiplies_the_matching_gradients_only(model: TinyLM) -> None:
+    backward(model)
+    clean = grads(model)
+    (rec,) = injector(kind="grad_spike", target="blocks.0.*", factor=50.0).after_backward(
+        ctx(model)
+    )
+    hit = [n for n in clean if n.startswith("blocks.0.")]
+    assert hit and sorted(rec.details["params"]) == sorted(hit)
+    for name, g in grads(model).items():
+        expected = clean[name] * 50.0 if name in hit else clean[name]
+        assert torch.equal(g, expected)
+
+
+def test_a_grad_spike_moves_adam_further_when_beta2_is_near_one(model: TinyLM) -> None:
+    """Why the fault exists: after steady gradients, a burst makes a beta2 = 0.999 Adam step
+    over twice as large as a beta2 = 0.95 one (and with no burst they are the same)."""
+
+    def step_size(beta2: float, factor: float | None) -> float:
+        torch.manual_seed(0)
+        param = torch.nn.Parameter(torch.ones(64))
+        opt = torch.optim.Adam([param], lr=1e-2, betas=(0.9, beta2))
+        for step in range(200):  # a steady gradient, so the moments settle
+            param.grad = torch.full_like(param, 0.01)
+            if step == 199 and factor is not None:
+                param.grad.mul_(factor)
+            before = param.detach().clone()
+            opt.step()
+        return float((param.detach() - before).abs().mean())
+
+    burst = {b: step_size(b, 30.0) for b in (0.999, 0.95)}
+    calm = {b: step_size(b, None) for b in (0.999, 0.95)}
+    assert burst[0.999] > 2 * burst[0.95]
+    assert calm[0.999] == pytest.approx(calm[0.95], rel=0.05)
+
+
 # -- grad_underflow ------------------------------------------------------------------------
 
 
@@ -529,6 +574,7 @@ FIELDS: dict[str, dict[str, Any]] = {
     "bitflip": {"tensor": "optimizer_state", "target": "head.weight", "count": 4, "bit": 3},
     "activation_overflow": {"target": "blocks.*.mlp"},
     "grad_underflow": {},
+    "grad_spike": {},
     "lr_spike": {},
     "bad_batch": {"fraction": 0.5},
 }
@@ -606,6 +652,8 @@ def test_injectors_leave_global_rngs_untouched(kind: str) -> None:
         ({"kind": "inf_grad", "fraction": 1.5}, "fraction"),
         ({"kind": "grad_underflow", "factor": -1e-3}, "factor"),
         ({"kind": "grad_underflow", "factor": 2.0}, "factor"),
+        ({"kind": "grad_spike", "factor": 1.0}, "factor"),
+        ({"kind": "grad_spike", "factor": float("nan")}, "factor"),
         ({"kind": "lr_spike", "factor": 0.5}, "factor"),
         ({"kind": "activation_overflow"}, "target"),
         ({"kind": "activation_overflow", "target": "x", "factor": float("inf")}, "factor"),

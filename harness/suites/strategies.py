@@ -139,6 +139,9 @@ def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
         "nan_grad": _fields(aim, fraction=share),
         "inf_grad": _fields(aim, fraction=share),
         "grad_underflow": _fields(aim, factor=tiny),
+        "grad_spike": _fields(
+            aim, factor=st.sampled_from([10.0, 1e3]) | st.floats(1, 1e6, exclude_min=True)
+        ),
         "activation_overflow": _fields(aim, factor=huge),
         "lr_spike": _fields(factor=spike),
         "bad_batch": _fields(fraction=share, vocab_size=st.sampled_from([1, 2])),
