@@ -131,6 +131,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as GPT-2
         self.apply(self._init_weights)
+        if isinstance(self.wte, StableEmbedding):
+            self.wte.reset_parameters()  # its xavier rows, which the tied head's init drew over
         # Residual projections start smaller so the residual stream does not grow with depth.
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
@@ -138,8 +140,6 @@ class GPT(nn.Module):
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, StableEmbedding):
-            return  # keeps its own xavier initialization
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
