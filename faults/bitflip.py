@@ -112,7 +112,10 @@ class BitflipSpec(GradientFaultSpec):
     )
     count: int = Field(default=1, ge=1, description="Distinct elements flipped.")
     state_key: str = Field(
-        default="exp_avg", min_length=1, description="Optimizer state entry (optimizer_state)."
+        default="exp_avg",
+        min_length=1,
+        description="Optimizer state entry (optimizer_state): exp_avg or exp_avg_sq for "
+        "AdamW; state1 or state2, the stored 8-bit codes (give bit 0-7), for adamw8bit.",
     )
 
 
