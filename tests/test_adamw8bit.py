@@ -123,7 +123,6 @@ def test_the_stable_embedding_is_the_default_for_adamw8bit_only() -> None:
 
 def test_an_adamw_model_is_the_model_built_before_the_switch() -> None:
     """The switch off builds exactly the old model: same modules, same initial weights."""
-    old = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=EMBD))
     torch.manual_seed(0)
     old = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=EMBD))
     new = model(stable=False)
@@ -200,7 +199,7 @@ def test_a_bitflip_on_8bit_state_flips_one_stored_code() -> None:
     net = model()
     opt = adamw8bit(net)
     train_steps(net, opt, 2)
-    twin, twin_opt = copy.deepcopy(net), None
+    twin = copy.deepcopy(net)
     twin_opt = adamw8bit(twin)
     twin_opt.load_state_dict(opt.state_dict())
     target = "blocks.0.mlp.fc.weight"
