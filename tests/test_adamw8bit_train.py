@@ -4,6 +4,7 @@ suite's NaN-gradient and learning-rate-spike scenarios pass, judged by the harne
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,6 +12,7 @@ import yaml
 from harness.records.journal import read_journal
 from harness.running.runner import RunOptions, run_suite
 from harness.suites.suite_loader import parse_suite
+from reference_trainer import step as step_module
 from reference_trainer.checkpoints import files as ckpt
 
 from .test_trainer import assert_same_tensors, final_state, run, tiny
@@ -37,6 +39,26 @@ def test_an_adamw8bit_run_resumes_bit_exactly(tmp_path: Path) -> None:
     assert quantized  # 8-bit state really went through the checkpoint
     assert_same_tensors(a["model"], b["model"], "model")
     assert_same_tensors(a["optimizer"], b["optimizer"], "optimizer")
+
+
+def test_the_trainer_clips_adamw8bit_at_half_of_adamws_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    thresholds: dict[str, list[float]] = {}
+    real = step_module.clip_gradients
+
+    def spy(layers: Any, threshold: float, factors: Any) -> tuple[float, float]:
+        thresholds[current].append(threshold)
+        return real(layers, threshold, factors)
+
+    monkeypatch.setattr(step_module, "clip_gradients", spy)
+    for current in ("adamw", "adamw8bit"):
+        thresholds[current] = []
+        cfg = tiny(steps=2, checkpoint_every=2)
+        cfg.optim.name = current
+        run(cfg, tmp_path / current)
+    assert len(thresholds["adamw"]) == len(thresholds["adamw8bit"]) == 2
+    assert thresholds["adamw8bit"] == [0.5 * t for t in thresholds["adamw"]]
 
 
 def test_the_smoke_suites_numeric_and_spike_scenarios_pass_with_adamw8bit(
