@@ -19,6 +19,7 @@ from harness import __version__
 from harness.commands.review import add_commands as add_review_commands
 from harness.commands.soak import add_commands as add_soak_commands
 from harness.commands.suite import add_commands as add_suite_commands
+from harness.commands.sweep import add_commands as add_sweep_commands
 from harness.errors import TightropeError
 from harness.live.control import ControlError, send, wait_for_answer
 from harness.records.journal import read_journal
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_suite_commands(commands)
     add_review_commands(commands)
     add_soak_commands(commands)
+    add_sweep_commands(commands)
     return parser
 
 

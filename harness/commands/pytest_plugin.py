@@ -5,7 +5,8 @@
 fails or could not be judged, and the failure lists those checks with their figures.
 Options, in the ``tightrope`` group: ``--tightrope-scorecard DIR`` (write the
 scorecards there), ``--tightrope-trainer CMD``, ``--tightrope-preset NAME`` and
-``--tightrope-min-score N`` (the session fails below it). The ``tightrope_run`` fixture
+``--tightrope-min-score N`` (the session fails below it). A sweep file (top-level
+``sweep:``) is one item per cell: `harness.commands.pytest_sweeps`. The ``tightrope_run`` fixture
 runs a scenario written in Python and returns its `ScenarioResult`.
 
 Nothing heavy is imported until a suite is collected, so installing tightrope leaves
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from harness.commands.pytest_sweeps import SWEEP_MARK, SweepFile
 
 if TYPE_CHECKING:
     from harness.running.results import ScenarioResult, SuiteResult
@@ -137,9 +140,15 @@ def _session(config: pytest.Config) -> _Session:
     return config.stash[_KEY]
 
 
-def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> SuiteFile | None:
-    """A YAML file with a top-level ``scenarios:`` list is a suite."""
-    if file_path.suffix in (".yaml", ".yml") and _SUITE_MARK.search(file_path.read_bytes()):
+def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.File | None:
+    """A YAML file with a top-level ``scenarios:`` list is a suite; one with a top-level
+    ``sweep:`` key is a sweep (`harness.commands.pytest_sweeps`)."""
+    if file_path.suffix not in (".yaml", ".yml"):
+        return None
+    text = file_path.read_bytes()
+    if SWEEP_MARK.search(text):
+        return SweepFile.from_parent(parent, path=file_path)
+    if _SUITE_MARK.search(text):
         return SuiteFile.from_parent(parent, path=file_path)
     return None
 

@@ -30,7 +30,7 @@ from harness.running.launch import (
     trainer_cwd,
     trainer_env,
 )
-from harness.suites.scenario import TrainerSpec
+from harness.suites.scenario import Scenario, TrainerSpec
 
 _PACKAGES = ("harness", "faults", "reference_trainer")
 _locks: dict[str, threading.Lock] = {}
@@ -69,6 +69,20 @@ def baseline_key(spec: TrainerSpec, code: str | None = None) -> str:
             if Path(word).is_file():
                 identity[f"file:{word}"] = hashlib.sha256(Path(word).read_bytes()).hexdigest()
     blob = json.dumps({"trainer": identity, "code": code or code_version()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def scenario_key(scenario: Scenario) -> str:
+    """The cache key of a faulted run: its baseline's key (configuration and code) with
+    the faults and the checks it is judged by; the scenario's name is not part of it."""
+    blob = json.dumps(
+        {
+            "baseline": baseline_key(scenario.trainer),
+            "faults": scenario.plan(),
+            "expect": scenario.expect.model_dump(mode="json", exclude_defaults=True),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

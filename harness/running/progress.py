@@ -20,6 +20,7 @@ from rich.progress import (
     TaskID,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
 )
 
 from harness.run_layout import RunLayout
@@ -67,6 +68,7 @@ class SuiteProgress:
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TimeRemainingColumn(),
             console=self.console,
             transient=False,
             disable=not self.live,
@@ -82,6 +84,11 @@ class SuiteProgress:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._progress.stop()
+
+    def retitle(self, title: str) -> None:
+        """Change the overall bar's title (a sweep's cells done)."""
+        with self._lock:
+            self._progress.update(self._suite, description=f"[bold]{title}")
 
     def start(self, label: str, steps: int) -> TaskID:
         """A bar for one run (a scenario or its baseline)."""

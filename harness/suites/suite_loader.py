@@ -180,14 +180,15 @@ def parse_suite(data: Any, source: str, lines: Mapping[Path_, int] | None = None
     raise ScenarioError(source, out.problems)
 
 
-def load_suite(path: str | Path) -> Suite:
-    """Read and validate a suite file; every problem named with its file and line."""
+def read_yaml(path: str | Path, what: str = "suite") -> tuple[Any, dict[Path_, int]]:
+    """A YAML file's data and the line of each of its keys; `ScenarioError` names the file
+    (and line) when it cannot be read or parsed."""
     path = Path(path)
     source = str(path)
     try:
-        text = yaml_input.read_text(path, "suite")
+        text = yaml_input.read_text(path, what)
     except OSError as exc:
-        raise ScenarioError(source, [f"cannot read suite {source}: {exc.strerror}"]) from exc
+        raise ScenarioError(source, [f"cannot read {what} {source}: {exc.strerror}"]) from exc
     except yaml_input.YamlInputError as exc:
         raise ScenarioError(source, [str(exc)]) from None
     try:
@@ -201,5 +202,10 @@ def load_suite(path: str | Path) -> Suite:
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise ScenarioError(source, [f"{where}: not valid YAML: {problem}"]) from None
-    lines = _lines(node) if node is not None else {}
-    return parse_suite(data, source, lines)
+    return data, (_lines(node) if node is not None else {})
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite file; every problem named with its file and line."""
+    data, lines = read_yaml(path)
+    return parse_suite(data, str(path), lines)
