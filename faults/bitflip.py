@@ -1,7 +1,10 @@
 """The bitflip fault: flip one bit of a few elements of a weight, gradient or optimizer state.
 
 A flip goes through an integer view of the tensor's own storage, so it is exact: the
-raw bits before and after differ in one position on exactly ``count`` elements.
+raw bits before and after differ in one position on exactly ``count`` elements. Integer
+tensors of 8 bits are codes (an 8-bit optimizer keeps its moments so, as indices into a code
+book): their stored byte is flipped at a position the spec names, since a code has no sign,
+exponent or mantissa to choose from.
 """
 
 from __future__ import annotations
@@ -72,6 +75,11 @@ def layouts() -> dict[torch.dtype, Layout]:
 _LAYOUTS: dict[torch.dtype, Layout] = {}
 
 
+def code_views() -> dict[torch.dtype, torch.dtype]:
+    """8-bit code dtypes and the signed view their byte is flipped through."""
+    return {torch.uint8: torch.int8, torch.int8: torch.int8}
+
+
 def __getattr__(name: str) -> Any:
     """``LAYOUTS``: the table of `layouts`, built on first use."""
     if name == "LAYOUTS":
@@ -104,7 +112,10 @@ class BitflipSpec(GradientFaultSpec):
     )
     count: int = Field(default=1, ge=1, description="Distinct elements flipped.")
     state_key: str = Field(
-        default="exp_avg", min_length=1, description="Optimizer state entry (optimizer_state)."
+        default="exp_avg",
+        min_length=1,
+        description="Optimizer state entry (optimizer_state): exp_avg or exp_avg_sq for "
+        "AdamW; state1 or state2, the stored 8-bit codes (give bit 0-7), for adamw8bit.",
     )
 
 
@@ -180,11 +191,9 @@ class BitflipInjector(GradientInjector[BitflipSpec]):
                 if isinstance(value, torch.Tensor):
                     found.append((name, value.detach()))
             if matched and not found:
-                keys = sorted({k for state in optimizer.state.values() for k in state})
                 raise InjectionError(
                     f"bitflip: no parameter matching {spec.target!r} has optimizer state "
-                    f"{spec.state_key!r} (keys present: {', '.join(keys) or 'none'}; "
-                    "state appears after the first optimizer step)"
+                    f"{spec.state_key!r} ({_present_keys(optimizer)})"
                 )
         if not matched:
             names = [name for name, _ in model.named_parameters()]
@@ -208,10 +217,12 @@ class BitflipInjector(GradientInjector[BitflipSpec]):
         spec = self.spec
         key = (spec.seed, spec.kind, ctx.step, ctx.rank)
         layout = layouts().get(t.dtype)
+        if layout is None and t.dtype in code_views():
+            return self._flip_code(ctx, name, t)
         if layout is None:
             raise InjectionError(
                 f"bitflip: {name} {spec.tensor} is {t.dtype}; supported: "
-                + ", ".join(str(d) for d in layouts())
+                + ", ".join(str(d) for d in [*layouts(), *code_views()])
             )
         if isinstance(spec.bit, int):
             if spec.bit >= layout.width:
@@ -244,3 +255,58 @@ class BitflipInjector(GradientInjector[BitflipSpec]):
         if spec.tensor == "optimizer_state":
             details["state_key"] = spec.state_key
         return details
+
+    def _flip_code(self, ctx: StepContext, name: str, t: torch.Tensor) -> dict[str, Any]:
+        """Flip bit ``spec.bit`` of the stored byte of ``count`` 8-bit codes."""
+        spec = self.spec
+        what = f"{spec.state_key} of {name}" if spec.tensor == "optimizer_state" else name
+        if not (isinstance(spec.bit, int) and spec.bit < 8):
+            raise InjectionError(
+                f"bitflip: {what} is {t.dtype}, 8-bit codes with no sign, exponent or "
+                f"mantissa; give bit as a position 0-7, got {spec.bit!r}"
+            )
+        indices = sorted(
+            seeded(spec.seed, spec.kind, ctx.step, ctx.rank, "indices").sample(
+                range(t.numel()), spec.count
+            )
+        )
+        values = as_1d_if_scalar(t)
+        coords = flat_coords(t, torch.tensor(indices))
+        ints = values.view(code_views()[t.dtype])
+        mask = torch.tensor(flip_mask(spec.bit, 8), dtype=torch.int8, device=t.device)
+        with torch.no_grad():
+            before = values[coords].tolist()
+            ints[coords] = ints[coords] ^ mask
+            after = values[coords].tolist()
+        details: dict[str, Any] = {
+            "param": name,
+            "tensor": spec.tensor,
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "bit": spec.bit,
+            "bit_class": "code",
+            "indices": indices,
+            "before": before,
+            "after": after,
+        }
+        if spec.tensor == "optimizer_state":
+            details["state_key"] = spec.state_key
+        return details
+
+
+def _present_keys(optimizer: torch.optim.Optimizer) -> str:
+    """What an optimizer's state holds, for an error that named a missing entry."""
+    if not optimizer.state:
+        return "keys present: none; state appears after the first optimizer step"
+    keys = sorted({k for state in optimizer.state.values() for k in state})
+    codes = sorted(
+        {
+            k
+            for state in optimizer.state.values()
+            for k, v in state.items()
+            if isinstance(v, torch.Tensor) and v.dtype in code_views()
+        }
+    )
+    held = f"keys present: {', '.join(keys)}"
+    if codes:
+        held += f"; 8-bit codes (flip with bit: 0-7): {', '.join(codes)}"
+    return held

@@ -156,7 +156,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
             world_size=topo.world_size,
         )
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = GPT(cfg.model).to(topo.device)
+    model = GPT(cfg.model_config()).to(topo.device)
     # Dropout and any other draw differ per rank, as they would on a real cluster.
     seed_everything(cfg.seed + 1 + topo.rank)
     optimizer = build_optimizer(model, cfg.optim)

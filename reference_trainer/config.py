@@ -18,6 +18,7 @@ from reference_trainer.model_and_data.corpus import SOURCE_NAMES
 from reference_trainer.model_and_data.keep_whole import TokenizerConfig
 from reference_trainer.model_and_data.mixes import mix_weights
 from reference_trainer.model_and_data.model import GPTConfig
+from reference_trainer.model_and_data.stable_embedding import wants_stable_embedding
 from reference_trainer.stability.mechanisms import StabilityConfig
 
 T = TypeVar("T")
@@ -165,6 +166,12 @@ class TrainConfig:
                 "dynamic_batching and quality_sampling cannot be enabled together (quality "
                 "sampling needs the fixed-window stream's per-token sources)"
             )
+
+    def model_config(self) -> GPTConfig:
+        """The model's shape with the optimizer-dependent defaults settled (a stable token
+        embedding for adamw8bit unless ``model.stable_embedding`` says otherwise)."""
+        stable = wants_stable_embedding(self.model.stable_embedding, self.optim.name)
+        return dataclasses.replace(self.model, stable_embedding=stable)
 
     def global_batch(self, world_size: int) -> int:
         """Sequences per optimizer step over all ranks."""

@@ -114,7 +114,7 @@ def sample_run(
     manifest = read_manifest(path)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = GPT(cfg.model)
+    model = GPT(cfg.model_config())
     model.load_state_dict(state["model"])
     model.to(device).eval()
     eot: int = tokenizer.token_to_id(EOT) or 0  # (load_tokenizer checked it is id 0)

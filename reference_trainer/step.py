@@ -39,7 +39,7 @@ from reference_trainer.model_and_data.token_fallback import FallbackProbe, fallb
 from reference_trainer.packed_step import packed_forward_backward
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmup
-from reference_trainer.stability.clipping import clip_gradients, clip_threshold
+from reference_trainer.stability.clipping import clip_gradients
 from reference_trainer.stability.layer_monitor import LayerMonitor
 from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
@@ -241,8 +241,8 @@ class Trainer:
             if self.surgeon is not None:
                 self.surgeon.apply_dropout()
             if cfg.stability.clipping.enabled:
-                threshold = clip_threshold(
-                    cfg.stability.clipping.base, cfg.global_batch(self.topo.world_size)
+                threshold = cfg.stability.clipping.threshold(
+                    cfg.global_batch(self.topo.world_size), cfg.optim.name
                 )
                 threshold *= self.surgeon.clip_factor if self.surgeon is not None else 1.0
                 clip_gradients(self.layers, threshold, cfg.stability.clipping.layer_factors)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_trainer.errors import ConfigError
+from reference_trainer.model_and_data.stable_embedding import StableEmbedding
 
 
 @dataclass(kw_only=True, slots=True)
@@ -26,6 +27,10 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     """Biases in linear layers and norms."""
+    stable_embedding: bool | None = None
+    """A layer norm after the token lookup and xavier-initialized rows
+    (`stable_embedding.StableEmbedding`); unset: on for the optimizers that want it
+    (adamw8bit), off otherwise (`TrainConfig.model_config` settles it)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -38,6 +43,10 @@ class GPTConfig:
             )
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.stable_embedding not in (None, True, False):
+            raise ConfigError(
+                f"model.stable_embedding must be true, false or null, got {self.stable_embedding!r}"
+            )
 
 
 class CausalSelfAttention(nn.Module):
@@ -109,7 +118,12 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        # The head below shares this weight, stable or not (docs/stability.md, 8-bit AdamW).
+        self.wte = (
+            StableEmbedding(config.vocab_size, config.n_embd)
+            if config.stable_embedding
+            else nn.Embedding(config.vocab_size, config.n_embd)
+        )
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -117,6 +131,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as GPT-2
         self.apply(self._init_weights)
+        if isinstance(self.wte, StableEmbedding):
+            self.wte.reset_parameters()  # its xavier rows, which the tied head's init drew over
         # Residual projections start smaller so the residual stream does not grow with depth.
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):

@@ -72,6 +72,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
         return torch.optim.AdamW(
             parameter_groups(model, cfg), lr=0.0, betas=(cfg.beta1, cfg.beta2), foreach=True
         )
+    if cfg.name == "adamw8bit":  # imported here: only its runs need bitsandbytes
+        from reference_trainer.model_and_data.adamw8bit import build_adamw8bit
+
+        return build_adamw8bit(model, cfg)
     raise ConfigError(f"optim.name {cfg.name!r} has no builder in this trainer")
 
 

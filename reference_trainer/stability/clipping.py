@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.optimizers import OPTIMIZERS
 from reference_trainer.errors import ConfigError
 
 
@@ -22,6 +23,10 @@ class ClipConfig:
     """Threshold at batch size 1; the threshold is ``base * (1 + log(batch) / 10)``."""
     layer_factors: dict[str, float] = field(default_factory=lambda: {"embedding": 0.5})
     """Per-layer share of the threshold (layers: embedding, attention, feed_forward)."""
+    optimizer_factors: dict[str, float] = field(default_factory=lambda: {"adamw8bit": 0.5})
+    """Share of the threshold an optimizer gets (others: all of it): 8-bit AdamW's moments
+    are quantized per block, so one large gradient coarsens a whole block; half of fp32
+    Adam's threshold keeps such gradients out."""
 
     def __post_init__(self) -> None:
         if not self.base > 0:
@@ -36,6 +41,20 @@ class ClipConfig:
                 raise ConfigError(
                     f"stability.clipping.layer_factors.{layer} must be in (0, 1], got {factor}"
                 )
+        for name, factor in self.optimizer_factors.items():
+            if name not in OPTIMIZERS:
+                raise ConfigError(
+                    f"stability.clipping.optimizer_factors has unknown optimizer {name!r}; "
+                    f"expected some of {', '.join(OPTIMIZERS)}"
+                )
+            if not 0 < factor <= 1:
+                raise ConfigError(
+                    f"stability.clipping.optimizer_factors.{name} must be in (0, 1], got {factor}"
+                )
+
+    def threshold(self, global_batch: int, optimizer: str) -> float:
+        """The global threshold for ``optimizer``: `clip_threshold` times its factor."""
+        return clip_threshold(self.base, global_batch) * self.optimizer_factors.get(optimizer, 1.0)
 
 
 def clip_threshold(base: float, global_batch: int) -> float:
