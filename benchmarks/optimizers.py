@@ -2,22 +2,23 @@
 
 Each optimizer trains the same preset for the same steps on 2 ranks under ``torchrun``
 (DDP over gloo, ``OMP_NUM_THREADS=1``), in a fresh temporary run dir, with no checkpoint
-before the last step; the optimizers take turns, ``--rounds`` times, so a change in the
-machine's load falls on both. This script is also the worker torchrun starts
-(``--worker``): it builds the reference trainer's run as ``python -m reference_trainer``
-would and registers a DDP communication hook before the first backward pass. For each
-gradient bucket the hook waits at a barrier for the other rank (timed as ``wait``), then
-all-reduces the bucket itself, synchronously, and times that call (``all-reduce``): every
-byte DDP sends goes through it, the real gradients' and (Sophia) the Hessian estimate's.
-(Done synchronously, the all-reduce no longer overlaps the rest of backward; both
-optimizers are measured that way, so their ratio is like for like.)
+before the last step; the optimizers take turns, ``--rounds`` times (every other round in
+reverse order), so a change in the machine's load falls on each. This script is also the
+worker torchrun starts (``--worker``): it builds the reference trainer's run as
+``python -m reference_trainer`` would and registers a DDP communication hook before the
+first backward pass. For each gradient bucket the hook waits at a barrier for the other
+rank (timed as ``wait``), then all-reduces the bucket itself, synchronously, and times that
+call (``all-reduce``): every byte DDP sends goes through it, the real gradients' and
+(Sophia) the Hessian estimate's. (Done synchronously, the all-reduce no longer overlaps the
+rest of backward; both optimizers are measured that way, so their ratio is like for like.)
 
 Figures are over the measured steps (each rank's first warm-up steps left out), whose
 count is a multiple of Sophia's k so they hold its Hessian steps in their true share:
 ``step ms`` is the mean step time of both ranks (the journal's ``step_time``, which holds the
-Hessian pass), ``all-reduce ms`` and ``wait ms`` the mean time per step in the hook, ``MB``
-the bytes all-reduced per step. Each is the median over rounds; an ``x adamw`` column is the
-median over rounds of the row's figure over AdamW's in the same round.
+Hessian pass), ``plain ms`` the same over the steps without an estimate, ``all-reduce ms``
+and ``wait ms`` the mean time per step in the hook, ``MB`` the bytes all-reduced per step.
+Each is the median over rounds; an ``x adamw`` column is the median over rounds of the
+row's figure over AdamW's (its ``step ms`` for ``plain ms``) in the same round.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class Row:
     measured_steps: int = 0
     step_ms: float | None = None
     step_ms_median: float | None = None
+    #: Mean step time of the steps with no Hessian estimate (all of AdamW's).
+    plain_step_ms: float | None = None
     allreduce_ms: float | None = None
     wait_ms: float | None = None
     allreduce_mb: float | None = None
@@ -79,11 +82,13 @@ class Summary:
     optimizer: str
     rounds: int
     step_ms: float | None = None
+    plain_step_ms: float | None = None
     allreduce_ms: float | None = None
     wait_ms: float | None = None
     allreduce_mb: float | None = None
     hessian_steps: int | None = None
     x_step: float | None = None
+    x_plain_step: float | None = None
     x_allreduce: float | None = None
     x_wait: float | None = None
     x_bytes: float | None = None
@@ -193,9 +198,14 @@ def measure(args: argparse.Namespace, optimizer: str, run_dir: Path) -> Row:
     row.wait_ms = 1e3 * sum(f[3] for rank in per_rank for f in rank) / n
     row.allreduce_mb = sum(f[1] for rank in per_rank for f in rank) / n / 1e6
     row.allreduce_calls = sum(f[2] for rank in per_rank for f in rank) / n
+    estimated = set()
     if optimizer == "sophia":
         every = _hessian_every()
-        row.hessian_steps = sum(1 for s in measured if (s - 1) % every == 0)
+        estimated = {s for s in measured if (s - 1) % every == 0}
+        row.hessian_steps = len(estimated)
+    row.plain_step_ms = 1e3 * statistics.fmean(
+        e["step_time"] for e in steps if e.step not in estimated
+    )
     return row
 
 
@@ -226,11 +236,13 @@ def summarize(rows: list[Row], optimizers: tuple[str, ...]) -> list[Summary]:
                 optimizer=name,
                 rounds=len(mine),
                 step_ms=_median([r.step_ms for r in mine]),
+                plain_step_ms=_median([r.plain_step_ms for r in mine]),
                 allreduce_ms=_median([r.allreduce_ms for r in mine]),
                 wait_ms=_median([r.wait_ms for r in mine]),
                 allreduce_mb=_median([r.allreduce_mb for r in mine]),
                 hessian_steps=mine[0].hessian_steps if mine else None,
                 x_step=_median([_ratio(r.step_ms, b.step_ms) for r, b in pairs]),
+                x_plain_step=_median([_ratio(r.plain_step_ms, b.step_ms) for r, b in pairs]),
                 x_allreduce=_median([_ratio(r.allreduce_ms, b.allreduce_ms) for r, b in pairs]),
                 x_wait=_median([_ratio(r.wait_ms, b.wait_ms) for r, b in pairs]),
                 x_bytes=_median([_ratio(r.allreduce_mb, b.allreduce_mb) for r, b in pairs]),
@@ -247,7 +259,8 @@ def fmt(value: float | None, spec: str) -> str:
 def table(summaries: list[Summary]) -> Table:
     """The summaries as a Markdown-style table."""
     t = Table(box=box.MARKDOWN)
-    heads = ("optimizer", "rounds", "step ms", "x adamw", "all-reduce ms", "x adamw")
+    heads = ("optimizer", "rounds", "step ms", "x adamw", "plain ms", "x adamw")
+    heads += ("all-reduce ms", "x adamw")
     heads += ("wait ms", "x adamw", "MB/step", "x adamw")
     for head in heads:
         t.add_column(head, justify="left" if head == "optimizer" else "right")
@@ -257,6 +270,8 @@ def table(summaries: list[Summary]) -> Table:
             str(r.rounds),
             fmt(r.step_ms, ",.1f"),
             fmt(r.x_step, ".3f"),
+            fmt(r.plain_step_ms, ",.1f"),
+            fmt(r.x_plain_step, ".3f"),
             fmt(r.allreduce_ms, ",.2f"),
             fmt(r.x_allreduce, ".3f"),
             fmt(r.wait_ms, ",.2f"),
@@ -317,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="tightrope-bench-") as tmp:
         for turn in range(args.rounds):
-            for optimizer in args.optimizers:
+            # Every other round in reverse order: a slot's share of the load falls on each.
+            order = args.optimizers if turn % 2 == 0 else args.optimizers[::-1]
+            for optimizer in order:
                 what = f"{args.preset}, {args.steps} steps on {RANKS} ranks"
                 print(f"[{turn + 1}/{args.rounds}] {optimizer}: {what} ...", end=" ", flush=True)
                 row = measure(args, optimizer, Path(tmp) / f"{optimizer}-{turn}")
@@ -350,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps({**meta, **results}, indent=2) + "\n")
     measured = f"steps {args.warmup + 1}..{args.steps}"
     print(f"\nmeans over {measured} of both ranks, medians over rounds; x adamw: over AdamW's\n")
-    Console(width=120, highlight=False).print(table(summaries))
+    Console(width=160, highlight=False).print(table(summaries))
     print(f"\nwrote {out}")
     if load_start[0] > (os.cpu_count() or 2) / 2:
         print(
