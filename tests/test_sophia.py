@@ -191,7 +191,7 @@ def test_the_estimate_follows_steps_one_and_every_kth_and_is_seeded_by_step() ->
     assert estimator.after_update(trainer, 1, _batch()) == []
     first = _hessians(trainer.optimizer)
     assert all(torch.isfinite(h).all() for h in first) and any(h.sum() > 0 for h in first)
-    assert all(p.grad is None for p in trainer.model.parameters())  # real gradients untouched
+    assert all(p.grad is None for p in trainer.model.parameters())  # no gradient left behind
 
     again = _trainer(_gpt())
     estimator.after_update(again, 1, _batch())  # the same step draws the same labels
