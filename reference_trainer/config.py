@@ -18,6 +18,7 @@ from reference_trainer.model_and_data.corpus import SOURCE_NAMES
 from reference_trainer.model_and_data.keep_whole import TokenizerConfig
 from reference_trainer.model_and_data.mixes import mix_weights
 from reference_trainer.model_and_data.model import GPTConfig
+from reference_trainer.model_and_data.sophia import SophiaConfig
 from reference_trainer.model_and_data.stable_embedding import wants_stable_embedding
 from reference_trainer.stability.mechanisms import StabilityConfig
 
@@ -85,6 +86,8 @@ class OptimConfig:
     eps_embedding: float = 1e-6
     eps_attention: float = 1e-5
     eps_feed_forward: float = 1e-4
+    sophia: SophiaConfig = field(default_factory=SophiaConfig)
+    """Sophia's own settings, read when `name` is ``sophia`` (docs/stability.md)."""
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:

@@ -37,6 +37,8 @@ class PackedPasses:
     local_loss: float
     #: Padded target positions of the step, over all ranks.
     pad_tokens: int
+    #: (inputs, targets) of each micro-batch, for a Hessian estimate on the same batch.
+    micro: list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def packed_forward_backward(trainer: Trainer, packed: PackedStep) -> PackedPasses:
@@ -55,12 +57,14 @@ def packed_forward_backward(trainer: Trainer, packed: PackedStep) -> PackedPasse
     summed = torch.zeros((), device=device)
     start = 0
     last = len(packed.micro_rows) - 1
+    micro_batches = []
     for micro, rows in enumerate(packed.micro_rows):
         part = slice(start, start + rows)
         start += rows
         width = int(packed.lengths[part].max())  # this micro-batch's longest piece
         x = tokens[part, : width - 1]
         y = masked_targets(tokens[part], lengths[part], width)
+        micro_batches.append((x, y))
         sync = micro == last or not isinstance(trainer.wrapped, DDP)
         with contextlib.nullcontext() if sync else trainer.wrapped.no_sync():  # type: ignore[operator]
             with trainer.precision.autocast():
@@ -68,4 +72,6 @@ def packed_forward_backward(trainer: Trainer, packed: PackedStep) -> PackedPasse
             trainer.scaler.scale_loss(total * weight).backward()  # type: ignore[no-untyped-call]
         local += total.detach() * weight
         summed += total.detach()
-    return PackedPasses(local, float(summed) / packed.local_targets, packed.pad_tokens)
+    return PackedPasses(
+        local, float(summed) / packed.local_targets, packed.pad_tokens, micro_batches
+    )

@@ -30,6 +30,7 @@ from harness.records.events import (
     StepObserved,
 )
 from reference_trainer.config import TrainConfig
+from reference_trainer.hessian_step import HessianBatch, HessianEstimator
 from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
 from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
 from reference_trainer.model_and_data.embeddings import SentenceEmbedder
@@ -114,8 +115,11 @@ class Trainer:
     #: Quality-weighted sampling of the corpus's sources (None when off).
     quality: QualitySampler | None = None
     warmup: AdaptiveWarmup = field(init=False)
+    #: Sophia's Hessian estimate every k steps (None: the optimizer takes none).
+    hessian: HessianEstimator | None = field(init=False)
 
     def __post_init__(self) -> None:
+        self.hessian = HessianEstimator.of(self)
         for name, param in self.model.named_parameters():
             self.layers.setdefault(layer_of(name), []).append(param)
         self.warmup = AdaptiveWarmup(
@@ -156,12 +160,14 @@ class Trainer:
             batch_size_tokens = int(step_batch.lengths.sum())  # real tokens, not padding
             packed = packed_forward_backward(self, step_batch)
             local = packed.local
+            sample = HessianBatch(packed.micro, step_batch.targets)
         else:
             batch = agent.batch(self.loader.next_step())
             # Counted on the ids that reach the model, after any bad-data fault.
             fallback_tokens = OMIT if self.probe is None else self.probe.count(batch.numpy())
             batch_size_tokens = int(batch.numel())
             batch = batch.to(self.topo.device)
+            sample = HessianBatch.windows(batch, self.topo.world_size)
             sources = self.loader.last_sources
             if sources is not None:
                 sources = sources.to(self.topo.device)
@@ -253,6 +259,8 @@ class Trainer:
             if watch is not None:
                 watch.after_update(skipped=False)
             agent.after_optimizer_step()
+            if self.hessian is not None:  # after the update, on its batch, as published
+                claims += self.hessian.after_update(self, step, sample)
             self.optimizer.zero_grad(set_to_none=True)
             self.warmup.observe(mean_norm)
         change = scaler.update(overflow=not all_finite)

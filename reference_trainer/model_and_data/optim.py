@@ -76,13 +76,20 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
         from reference_trainer.model_and_data.adamw8bit import build_adamw8bit
 
         return build_adamw8bit(model, cfg)
+    if cfg.name == "sophia":
+        from reference_trainer.model_and_data.sophia import SophiaG
+
+        groups = parameter_groups(model, cfg)
+        return SophiaG(groups, lr=0.0, betas=(cfg.beta1, cfg.beta2), rho=cfg.sophia.rho)
     raise ConfigError(f"optim.name {cfg.name!r} has no builder in this trainer")
 
 
 def peak_lr(cfg: TrainConfig, world_size: int) -> float:
-    """Peak learning rate, scaled by sqrt(global batch / reference batch)."""
+    """Peak learning rate, scaled by sqrt(global batch / reference batch) (and by Sophia's
+    ``lr_scale`` for Sophia)."""
     ratio = cfg.global_batch(world_size) / cfg.optim.reference_batch
-    return cfg.optim.base_lr * math.sqrt(ratio)
+    scale = cfg.optim.sophia.lr_scale if cfg.optim.name == "sophia" else 1.0
+    return cfg.optim.base_lr * math.sqrt(ratio) * scale
 
 
 def lr_at(
