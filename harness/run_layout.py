@@ -10,6 +10,7 @@ where a thing lives, so the layout below is written down once::
     RUN_DIR/journal/rank-R.jsonl       what each rank saw (docs/journal.md)
     RUN_DIR/checkpoints/               step-NNNNNNNN/ folders and the `latest` hint
     RUN_DIR/heartbeats/rank-R.json     each rank's last step, for its hang monitor
+    RUN_DIR/metrics/rank-R.prom        each rank's OpenMetrics for dashboards (docs/metrics.md)
     RUN_DIR/control/                   the live-control channel (harness/live/control.py)
     RUN_DIR/diagnosis.md               why recovery gave up, when it did
     RUN_DIR/plan.yaml                  the fault plan the runner handed the trainer
@@ -68,6 +69,14 @@ class RunLayout:
     def heartbeat_file(self, rank: int) -> Path:
         """One rank's heartbeat, rewritten after every step."""
         return self.heartbeats / f"rank-{rank}.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    def metrics_file(self, rank: int) -> Path:
+        """One rank's OpenMetrics text file, rewritten every few seconds when enabled."""
+        return self.metrics / f"rank-{rank}.prom"
 
     @property
     def control(self) -> Path:

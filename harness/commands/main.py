@@ -16,6 +16,12 @@ from faults import FAULT_CLASSES, FaultSpec, kinds
 from faults.registry import FaultKind
 from faults.spec import TRIGGERS
 from harness import __version__
+from harness.commands.json_output import (
+    emit_json,
+    faults_document,
+    status_document,
+    summary_document,
+)
 from harness.commands.review import add_commands as add_review_commands
 from harness.commands.soak import add_commands as add_soak_commands
 from harness.commands.suite import add_commands as add_suite_commands
@@ -44,8 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
         "summary", help="summarize a run from its journal (loss, steps, throughput)"
     )
     summary.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    summary.add_argument(
+        "--json", action="store_true", help="one JSON document on stdout (docs/json.md)"
+    )
     summary.set_defaults(handler=_summary)
     listing = commands.add_parser("faults", help="list every fault kind with its parameters")
+    listing.add_argument(
+        "--json", action="store_true", help="one JSON document on stdout (docs/json.md)"
+    )
     listing.set_defaults(handler=_faults)
     inject = commands.add_parser(
         "inject",
@@ -67,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     inject.set_defaults(handler=_inject)
     status = commands.add_parser("status", help="step, loss, armed and fired faults of a job")
     status.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    status.add_argument(
+        "--json", action="store_true", help="one JSON document on stdout (docs/json.md)"
+    )
     status.set_defaults(handler=_status)
     execute = commands.add_parser(
         "exec", help="run a training command with the agent attached (no code change)"
@@ -139,6 +154,9 @@ def _inject(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     state = job_status(read_journal(args.run_dir, warn=False))
+    if args.json:
+        emit_json(status_document(state, args.run_dir))
+        return 0
     loss = f"{state.loss:.4f}" if state.loss is not None else "-"
     print(f"run      {args.run_dir} ({'running' if state.running else 'not running'})")
     print(f"step     {state.step}   loss {loss}")
@@ -152,6 +170,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _faults(args: argparse.Namespace) -> int:
+    if args.json:
+        emit_json(faults_document())
+        return 0
     common = [name for name in FaultSpec.model_fields if name != "kind"]
     print("Every fault takes: " + ", ".join(common))
     print("  (when: at_step/every/probability/after_seconds for duration steps; where: ranks)")
@@ -185,6 +206,9 @@ def _summary(args: argparse.Namespace) -> int:
     for note in journal.skipped:
         print(f"tightrope: warning: {note}", file=sys.stderr)
     result = summarize(journal)
+    if args.json:
+        emit_json(summary_document(result, args.run_dir, journal.skipped))
+        return 0
     target = f"/{result.target_steps}" if result.target_steps else ""
     print(f"verdict: {result.verdict()}")
     print(f"run        {args.run_dir}")

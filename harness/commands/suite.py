@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from harness.errors import TightropeError
 from harness.suites.keywords import keyword_match
@@ -62,6 +61,9 @@ def add_commands(commands: Any) -> None:
     listing = commands.add_parser("list", help="validate a suite and list its scenarios")
     listing.add_argument("suite", type=Path, metavar="SUITE.yaml")
     listing.add_argument("-k", dest="keyword", metavar="EXPR", help="only scenarios matching EXPR")
+    listing.add_argument(
+        "--json", action="store_true", help="one JSON document on stdout (docs/json.md)"
+    )
     listing.set_defaults(handler=_list)
     report = commands.add_parser(
         "report", help="judge a saved run again from its journals and rewrite its scorecards"
@@ -140,24 +142,38 @@ def interrupt(signum: int, frame: object) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from harness.commands.json_output import emit_json, suite_document
+    from harness.commands.tables import Column, print_table
     from harness.suites.suite_loader import load_suite
 
     suite = load_suite(args.suite)
-    table = Table(title=f"{suite.name}: {args.suite}", title_justify="left")
-    for column in ("scenario", "class", "faults", "checks", "trainer", "weight"):
-        table.add_column(column, no_wrap=column == "scenario", overflow="fold")
-    for s in select(suite, args.keyword):
+    chosen = select(suite, args.keyword)
+    if args.json:
+        emit_json(suite_document(suite, chosen, args.suite))
+        return 0
+    rows = []
+    for s in chosen:
         t = s.trainer
         trainer = t.command or f"{t.preset} {t.model} {t.precision} x{t.world_size}"
-        table.add_row(
-            s.name,
-            s.scored_class,
-            ", ".join(f"{f.kind}@{f.at_step or f.every or '?'}" for f in s.faults) or "-",
-            ", ".join(s.expect.checks()),
-            f"{trainer}, {t.steps} steps",
-            f"{s.weight:g}",
+        rows.append(
+            [
+                s.name,
+                s.scored_class,
+                ", ".join(f"{f.kind}@{f.at_step or f.every or '?'}" for f in s.faults) or "-",
+                ", ".join(s.expect.checks()),
+                f"{trainer}, {t.steps} steps",
+                f"{s.weight:g}",
+            ]
         )
-    Console().print(table)
+    columns = [
+        Column("scenario"),
+        Column("class"),
+        Column("faults", wrap=True),
+        Column("checks", wrap=True),
+        Column("trainer", wrap=True),
+        Column("weight", justify="right"),
+    ]
+    print_table(Console(), f"{suite.name}: {args.suite}", columns, rows)
     return 0
 
 

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from harness.commands.suite import _cores, interrupt
+from harness.commands.tables import Column, print_table
 
 
 def _seed_count(text: str) -> int:
@@ -77,25 +76,28 @@ def _sweep(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     paths = write_reports(run, out_dir)
     cells = summarize(run)
-    table = Table(title=f"sweep {sweep.name}", title_justify="left")
-    for column in ("cell", "settings", "success", "95% interval", "final loss", "lost", "s/run"):
-        table.add_column(column, no_wrap=column != "settings")
-    for c in cells:
-        table.add_row(
-            *(
-                Text(t)
-                for t in (
-                    c.cell.slug,
-                    c.cell.label,
-                    f"{c.passed}/{c.runs}",
-                    f"{c.interval[0] * 100:.0f}-{c.interval[1] * 100:.0f}%",
-                    "n/a" if c.final_loss is None else f"{c.final_loss.median:.3f}",
-                    "n/a" if c.steps_lost is None else f"{c.steps_lost.median:.0f}",
-                    "n/a" if c.run_seconds is None else f"{c.run_seconds.median:.1f}",
-                )
-            )
-        )
-    console.print(table)
+    columns = [
+        Column("cell"),
+        Column("settings", wrap=True),
+        Column("success", justify="right"),
+        Column("95% interval", justify="right"),
+        Column("final loss", justify="right"),
+        Column("lost", justify="right"),
+        Column("s/run", justify="right"),
+    ]
+    rows = [
+        [
+            c.cell.slug,
+            c.cell.label,
+            f"{c.passed}/{c.runs}",
+            f"{c.interval[0] * 100:.0f}-{c.interval[1] * 100:.0f}%",
+            "n/a" if c.final_loss is None else f"{c.final_loss.median:.3f}",
+            "n/a" if c.steps_lost is None else f"{c.steps_lost.median:.0f}",
+            "n/a" if c.run_seconds is None else f"{c.run_seconds.median:.1f}",
+        ]
+        for c in cells
+    ]
+    print_table(console, f"sweep {sweep.name}", columns, rows)
     console.print("reports: " + "  ".join(str(p) for p in paths), highlight=False, markup=False)
     if run.interrupted:
         console.print(

@@ -52,6 +52,7 @@ from faults import (
 )
 from harness.inside.hooks import GradientHook
 from harness.inside.live_inbox import LiveInbox
+from harness.inside.metrics import MeteredJournal, Metrics, MetricsOptions
 from harness.inside.process_group import broadcast_text
 from harness.inside.step_evidence import grads_finite, params_fingerprint, params_finite
 from harness.records.events import (
@@ -82,6 +83,7 @@ class Agent:
         optimizer: torch.optim.Optimizer | None = None,
         check_params_every: int = 10,
         control: bool = True,
+        metrics: MetricsOptions | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
@@ -92,7 +94,16 @@ class Agent:
         self.check_params_every = check_params_every
         previous = RunLayout(self.run_dir).journal_file(rank)
         earlier = _quietly_read(previous) if previous.exists() else []
-        self.journal = JournalWriter(self.run_dir, rank=rank, restart=restart)
+        # Metrics for dashboards (docs/metrics.md): off unless asked for, here or by
+        # TIGHTROPE_METRICS_*; they count what the journal writes.
+        options = metrics or MetricsOptions.from_env(self.run_dir, rank)
+        self.metrics = Metrics(options, rank) if options.enabled else None
+        if self.metrics is None:
+            self.journal = JournalWriter(self.run_dir, rank=rank, restart=restart)
+        else:
+            self.metrics.replay(earlier)
+            self.journal = MeteredJournal(self.run_dir, rank, restart, self.metrics)
+            self.metrics.serve()
         self.step = 0
         self._started = time.monotonic()
         self._injectors: list[tuple[FaultSpec, Injector[Any]]] = [

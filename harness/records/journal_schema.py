@@ -362,6 +362,15 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 reason=FieldSpec("str", "Why the restart happened, when known."),
             ),
         ),
+        "metrics_failed": (
+            "Observed by the agent: its metrics for dashboards (docs/metrics.md) could not be "
+            "written or served; journaled once per process, training goes on without them.",
+            _kind(
+                error=FieldSpec("str", "What failed, as type: message.", required=True),
+                path=FieldSpec("str", "The metrics file, when writing it failed."),
+                port=FieldSpec("int", "The endpoint's port, when serving failed."),
+            ),
+        ),
         "run_end": (
             "A process stopped training.",
             _kind(

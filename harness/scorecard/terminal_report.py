@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
+from harness.commands.tables import Cell, Column, print_table
 from harness.oracles.verdict import Check
 from harness.running.results import ScenarioResult, SuiteResult
 from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
@@ -29,21 +30,23 @@ def describe_check(check: Check) -> str:
 def print_results(result: SuiteResult, console: Console) -> None:
     """One row per scenario, the failed and not-judged checks with their figures, then the
     scores."""
-    table = Table(title=f"{result.suite} · preset {result.preset}", title_justify="left")
-    for column in ("scenario", "class", "status", "score", "checks", "time"):
-        table.add_column(column, no_wrap=True)
+    rows: list[list[Cell]] = []
     for r in result.scenarios:
         passed = sum(c.status == "passed" for c in r.checks)
         unjudged = len(r.unjudged_checks)
-        table.add_row(
-            r.name,
-            r.fault_class,
-            _STATUS[r.status],
-            f"{r.score * 100:.0f}",
-            f"{passed}/{len(r.checks)}" + (f" ({unjudged} not judged)" if unjudged else ""),
-            f"{r.seconds:.1f}s",
+        rows.append(
+            [
+                r.name,
+                r.fault_class,
+                Text.from_markup(_STATUS[r.status]),
+                f"{r.score * 100:.0f}",
+                f"{passed}/{len(r.checks)}" + (f" ({unjudged} not judged)" if unjudged else ""),
+                f"{r.seconds:.1f}s",
+            ]
         )
-    console.print(table)
+    right = Column("score", justify="right"), Column("time", justify="right")
+    columns: list[Column | str] = ["scenario", "class", "status", right[0], "checks", right[1]]
+    print_table(console, f"{result.suite} · preset {result.preset}", columns, rows)
     for r in result.scenarios:
         if is_soak(r.metrics):
             print_soak(r, console)
@@ -73,9 +76,5 @@ def print_soak(r: ScenarioResult, console: Console) -> None:
         console.print(f"    {label:<11} {escape(value)}", highlight=False)
     rows = kind_rows(r.metrics)
     if rows:
-        table = Table(title="time to recover by fault kind", title_justify="left")
-        for column in KIND_COLUMNS:
-            table.add_column(column, no_wrap=True, justify="left" if column == "kind" else "right")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        columns = [Column(c, justify="left" if c == "kind" else "right") for c in KIND_COLUMNS]
+        print_table(console, "time to recover by fault kind", columns, [list(r) for r in rows])
