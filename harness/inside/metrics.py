@@ -128,6 +128,7 @@ class Metrics:
         self.rank = rank
         self._figures = _Figures()
         self._lock = threading.Lock()  # the endpoint's thread reads while training writes
+        self._writing = threading.Lock()
         self._started = time.time()
         self._last_write = -math.inf
         self._journal: JournalWriter | None = None
@@ -221,10 +222,13 @@ class Metrics:
         """The figures in the OpenMetrics text format, ``# EOF`` included."""
         return render_openmetrics(self.families(now))
 
-    def write_file(self) -> None:
-        """Rewrite the file atomically (a reader never sees half of it)."""
+    def write_file(self, *, wait: bool = False) -> None:
+        """Rewrite the file atomically (a reader never sees half of it); ``wait``: after a
+        write another thread is doing (else this one is left out)."""
         path = self.options.file
-        if path is None:
+        # Another thread of the rank (a background checkpoint save) may be writing it now:
+        # then this write is not needed, and waiting for it would slow a step.
+        if path is None or not self._writing.acquire(blocking=wait):
             return
         self._last_write = time.monotonic()
         try:
@@ -234,6 +238,8 @@ class Metrics:
             os.replace(tmp, path)
         except Exception as exc:
             self._fail(exc, path=str(path))
+        finally:
+            self._writing.release()
 
     def serve(self) -> None:
         """Start the endpoint, when asked for; a failure is journaled, never raised."""
@@ -249,7 +255,7 @@ class Metrics:
     def close(self) -> None:
         """The last write of the file, and the endpoint shut down."""
         if self.options.file is not None:
-            self.write_file()
+            self.write_file(wait=True)
         server, self._server = self._server, None
         if server is not None:
             try:
