@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 
 from harness.commands.suite import UsageError, interrupt
+from harness.commands.tables import command_console
 from harness.errors import TightropeError
 
 
@@ -127,7 +127,7 @@ def _soak(args: argparse.Namespace) -> int:
     out_dir = args.scorecard or Path("runs") / f"soak-seed-{args.seed}"
     if args.world_size > 64:
         raise UsageError(f"--world-size {args.world_size}: at most 64 ranks")
-    console = Console()
+    console = command_console()
     options = SoakOptions(
         out_dir=out_dir,
         seconds=None if args.steps else 60.0 * (args.minutes or 10.0),

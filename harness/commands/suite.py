@@ -13,8 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
+from harness.commands.tables import Column, command_console, print_table
 from harness.errors import TightropeError
 from harness.suites.keywords import keyword_match
 from harness.suites.scenario import TRAINER_PRESETS, Scenario, Suite
@@ -127,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     files = write_scorecards(result, out_dir)
-    console = Console()
+    console = command_console()
     print_results(result, console)
     console.print(f"scorecards: {files['html']}  {files['json']}", highlight=False)
     if result.interrupted:
@@ -143,7 +142,6 @@ def interrupt(signum: int, frame: object) -> None:
 
 def _list(args: argparse.Namespace) -> int:
     from harness.commands.json_output import emit_json, suite_document
-    from harness.commands.tables import Column, print_table
     from harness.suites.suite_loader import load_suite
 
     suite = load_suite(args.suite)
@@ -173,7 +171,7 @@ def _list(args: argparse.Namespace) -> int:
         Column("trainer", wrap=True),
         Column("weight", justify="right"),
     ]
-    print_table(Console(), f"{suite.name}: {args.suite}", columns, rows)
+    print_table(command_console(), f"{suite.name}: {args.suite}", columns, rows)
     return 0
 
 
@@ -184,7 +182,7 @@ def _report(args: argparse.Namespace) -> int:
 
     result = rejudge(args.out_dir)
     files = write_scorecards(result, args.out_dir)
-    console = Console()
+    console = command_console()
     print_results(result, console)
     console.print(f"scorecards: {files['html']}  {files['json']}", highlight=False)
     return 0 if result.passed else 1

@@ -12,10 +12,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from harness.commands.suite import _cores, interrupt
-from harness.commands.tables import Column, print_table
+from harness.commands.tables import Column, command_console, print_table
 
 
 def _seed_count(text: str) -> int:
@@ -62,7 +60,7 @@ def _sweep(args: argparse.Namespace) -> int:
     options = SweepOptions(out_dir=out_dir, use_cache=not args.no_cache)
     if args.cores is not None:
         options.cores = args.cores
-    console = Console()
+    console = command_console()
     console.print(
         f"sweep {sweep.name}: {len(sweep.cells())} cells x {len(sweep.seeds)} seeds = "
         f"{sweep.runs} runs, {options.cores} cores; out: {out_dir}",

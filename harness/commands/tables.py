@@ -5,7 +5,7 @@ Rich fits a table to the console's width; in a pipe or a file that width is a gu
 columns), and long cells fold letter by letter into columns nobody can read or parse. So
 when the console is not a terminal, a table is printed as plain text instead: a title
 line, a header, a rule of dashes and one line per row, each cell whole, columns two spaces
-apart. The decision is made here and nowhere else.
+apart. The decision is made here and nowhere else, as is the console's (`command_console`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,15 @@ class Column:
     header: str
     justify: Literal["left", "right"] = "left"
     wrap: bool = False
+
+
+def command_console() -> Console:
+    """The console a command prints on: off a terminal, lines are never wrapped either (a
+    failed check's detail stays one line a CI log can be searched for)."""
+    console = Console()
+    if not console.is_terminal:
+        console.soft_wrap = True
+    return console
 
 
 def print_table(
