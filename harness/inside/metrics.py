@@ -132,7 +132,7 @@ class Metrics:
         self._started = time.time()
         self._last_write = -math.inf
         self._journal: JournalWriter | None = None
-        self._failed = False
+        self._failed: set[str] = set()  # what failed and was journaled: file, port, count
         self._server: Any = None
         #: The port the endpoint listens on (None: no endpoint).
         self.port: int | None = None
@@ -265,9 +265,10 @@ class Metrics:
                 self._fail(exc, port=self.port or 0)
 
     def _fail(self, exc: BaseException, **where: Any) -> None:
-        if self._failed:
+        what = next(iter(where), "count")
+        if what in self._failed:
             return
-        self._failed = True  # once per process: a full disk must not fill the journal too
+        self._failed.add(what)  # once each: a full disk must not fill the journal too
         journal = self._journal
         if journal is None:
             return
