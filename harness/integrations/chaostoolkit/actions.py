@@ -21,11 +21,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.errors import TightropeError
+from harness.errors import JournalError, TightropeError
 from harness.integrations.chaostoolkit import background
 from harness.live.control import ControlError, send, wait_for_answer
-from harness.records.journal import read_journal
-from harness.records.status import job_status
+from harness.records.journal import Event, read_journal
 from harness.run_layout import RunLayout
 from harness.running.launch import log_tail, reference_command, trainer_env
 from harness.suites.scenario import TrainerSpec
@@ -85,11 +84,13 @@ def start_training(
     )
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        status = job_status(read_journal(layout.root, warn=False))
-        if status.step >= 1:
-            return {"run_dir": str(layout.root), "pid": record.pid, "step": status.step}
-        if not background.alive(record):
-            code = background.exit_code(record)
+        # Only this job's steps: a reused run directory holds an earlier run's journal.
+        events = _journal_or_none(layout.root)
+        trained = [e.step for e in events if e.kind == "step" and e.wall >= record.started]
+        if trained:
+            return {"run_dir": str(layout.root), "pid": record.pid, "step": max(trained)}
+        code = background.exit_code(record)  # this process started it: it can tell
+        if code is not None:
             raise ChaosActionError(
                 f"the trainer in {run_dir} ended (exit {code}) before its first step:\n"
                 + log_tail(layout.log, 15)
@@ -97,6 +98,14 @@ def start_training(
         time.sleep(0.2)
     background.stop(record, grace=0)
     raise ChaosActionError(f"the trainer in {run_dir} trained no step within {wait_s:g} s")
+
+
+def _journal_or_none(run_dir: Path) -> list[Event]:
+    """The journal's events; none while the job has not created its journal yet."""
+    try:
+        return list(read_journal(run_dir, warn=False))
+    except JournalError:
+        return []
 
 
 def stop_training(run_dir: str, grace_s: float = 10.0) -> dict[str, Any]:
