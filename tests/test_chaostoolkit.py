@@ -19,7 +19,7 @@ from harness.errors import TightropeError
 from harness.integrations.chaostoolkit import actions, background, probes
 from harness.records.journal import JournalWriter
 from harness.run_layout import RunLayout
-from harness.running.process_tree import marked
+from harness.running.process_tree import descendants, marked
 from harness.scorecard.jsonio import dumps_scorecard
 
 from .oracle_runs import Run, nan_grad_run
@@ -185,13 +185,43 @@ def test_bad_action_arguments_are_named(tmp_path: Path) -> None:
     assert not RunLayout(tmp_path).background.exists()  # nothing was started
 
 
-def test_a_suite_started_in_the_background_is_stopped(tmp_path: Path) -> None:
+def test_a_suite_started_in_the_background_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIGHTROPE_CACHE", str(tmp_path / "cache"))  # not the checkout's
     card = tmp_path / "card"
     started = actions.start_suite(str(ROOT / "scenarios" / "smoke.yaml"), str(card))
-    stopped = actions.stop_suite(str(card), grace_s=10)
-    assert started["pid"] > 0 and stopped["was_running"] and stopped["left"] == 0
-    record = background.read_record(card / actions.SUITE_RECORD)
-    assert record is not None and marked(record.mark) == []
+    deadline = time.monotonic() + 60
+    while not (trainers := _trainers(started["pid"])):  # the suite is under way
+        assert time.monotonic() < deadline, "the suite launched no trainer"
+        time.sleep(0.1)
+    stopped = actions.stop_suite(str(card), grace_s=30)
+    assert stopped == {"was_running": True, "ended_gracefully": True, "killed": 0, "left": 0}
+    assert not any(Path(f"/proc/{pid}").exists() for pid in trainers)
+    card_json = json.loads((card / "scorecard.json").read_text())
+    assert card_json["interrupted"] is True  # SIGTERM ended it as Ctrl-C does
+
+
+def _trainers(pid: int) -> list[int]:
+    found = []
+    for child in descendants(pid):
+        try:
+            if b"reference_trainer" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except OSError:
+            continue
+    return found
+
+
+def test_waiting_for_a_suite_gives_its_exit_code(tmp_path: Path) -> None:
+    suite = tmp_path / "bad.yaml"
+    suite.write_text("name: bad\nscenarios: [{name: x, trainer: {steps: 0}}]\n")
+    card = tmp_path / "card"
+    actions.start_suite(str(suite), str(card))
+    assert actions.wait_for_suite(str(card), timeout_s=60)["exit_code"] == 2  # invalid suite
+    assert "steps" in (card / actions.SUITE_LOG).read_text()  # the error, as tightrope said it
+    with pytest.raises(TightropeError, match="no suite was started"):
+        actions.wait_for_suite(str(tmp_path / "other"))
 
 
 # -- the example experiment ----------------------------------------------------------------

@@ -106,6 +106,11 @@ def start(
             )
         except OSError as exc:
             raise BackgroundError(f"cannot start {argv[0]!r}: {exc.strerror}") from exc
+    # Until the child has exec'd, its environment is still ours, without the mark: wait for
+    # it, so a stop right after the start cannot miss the job.
+    deadline = time.monotonic() + 5.0
+    while proc.poll() is None and proc.pid not in marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.01)
     record = Record(proc.pid, mark, list(argv), str(log), time.time())
     record_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = record_path.with_name(f".{record_path.name}.tmp")
