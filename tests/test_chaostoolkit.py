@@ -249,6 +249,25 @@ def test_the_example_experiment_is_valid(tmp_path: Path) -> None:
 
 
 @needs_chaos
+def test_a_job_that_will_not_start_interrupts_the_experiment(tmp_path: Path) -> None:
+    """Negative control of the control: no job, no hypothesis checked against nothing."""
+    experiment = json.loads(EXPERIMENT.read_text())
+    experiment["controls"][0]["provider"]["arguments"]["steps"] = 0
+    (tmp_path / "bad-job.json").write_text(json.dumps(experiment))
+    done = _chaos(
+        tmp_path, "run", "--journal-path", str(tmp_path / "journal.json"),
+        str(tmp_path / "bad-job.json"), env={"TIGHTROPE_CHAOS_RUN_DIR": str(tmp_path / "run")},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "start_training: steps: Input should be greater than or equal to 1" in (
+        done.stdout + done.stderr
+    )
+    journal = json.loads((tmp_path / "journal.json").read_text())
+    assert journal["status"] == "interrupted" and journal["run"] == []
+    assert journal["steady_states"]["before"] is None  # nothing was judged
+
+
+@needs_chaos
 @pytest.mark.slow
 def test_the_experiment_holds_against_a_live_reference_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
