@@ -47,7 +47,7 @@ class Stopped:
 
     #: False when the record named no living process (already ended, or never started).
     was_running: bool
-    #: Processes that ended by themselves within the grace period after SIGTERM.
+    #: Every process of it ended by itself within the grace period after SIGTERM.
     ended_gracefully: bool
     #: Processes still alive after the grace period, then killed with SIGKILL.
     killed: int
