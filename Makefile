@@ -44,7 +44,7 @@ test: lint browser
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
 ## mechanism overhead, loss-spike detector precision, duplicate filter speed and F1,
-## toxicity filter, optimizer memory (benchmarks/results/*.json)
+## toxicity filter, optimizer memory and step/all-reduce time (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
 	$(BIN)/python benchmarks/checkpoint.py
@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dedup.py
 	$(BIN)/python benchmarks/toxicity.py
 	$(BIN)/python benchmarks/optimizer_memory.py
+	$(BIN)/python benchmarks/optimizers.py
 
 ## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)
 fuzz: $(STAMP)

@@ -177,7 +177,8 @@ def run_sweep(sweep: Sweep, options: SweepOptions, only: list[Cell] | None = Non
         for seed in sweep.seeds:
             scenario = sweep.run_scenario(cell, seed)
             jobs.append((cell, seed, scenario, scenario_key(scenario)))
-    check_command(jobs[0][2].trainer)
+    for trainer in {job[2].trainer.command: job[2].trainer for job in jobs}.values():
+        check_command(trainer)  # each distinct command (a grid may sweep it), before any run
     options.out_dir.mkdir(parents=True, exist_ok=True)
     records: list[RunRecord] = []
     todo = []
