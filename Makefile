@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
-		-c constraints.txt -e '.[dev,docker,semantic]'
+		-c constraints.txt -e '.[dev,docker,semantic,chaos]'
 	@touch $(STAMP)
 
 ## demo: the smoke suite against the reference trainer, then against the fragile preset;
@@ -44,7 +44,7 @@ test: lint browser
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
 ## mechanism overhead, loss-spike detector precision, duplicate filter speed and F1,
-## toxicity filter, optimizer memory (benchmarks/results/*.json)
+## toxicity filter, optimizer memory and step/all-reduce time (benchmarks/results/*.json)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trainer_throughput.py
 	$(BIN)/python benchmarks/checkpoint.py
@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dedup.py
 	$(BIN)/python benchmarks/toxicity.py
 	$(BIN)/python benchmarks/optimizer_memory.py
+	$(BIN)/python benchmarks/optimizers.py
 
 ## fuzz: 1,000 damaged copies of a real run's checkpoints, each resumed (docs/checkpoint-fuzzer.md)
 fuzz: $(STAMP)

@@ -20,6 +20,7 @@ where a thing lives, so the layout below is written down once::
     RUN_DIR/data/review-decisions.jsonl  accept/reject decisions `tightrope review` recorded
     RUN_DIR/samples.json               generations of the run's final weights (its sampler)
     RUN_DIR/baseline-samples.json      generations of its fault-free baseline's final weights
+    RUN_DIR/background.json            a job started in the background (docs/chaostoolkit.md)
 """
 
 from __future__ import annotations
@@ -117,3 +118,8 @@ class RunLayout:
     @property
     def baseline_samples(self) -> Path:
         return self.root / "baseline-samples.json"
+
+    @property
+    def background(self) -> Path:
+        """The record of a job started in the background: its process and launch mark."""
+        return self.root / "background.json"

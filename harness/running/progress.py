@@ -103,10 +103,12 @@ class SuiteProgress:
                 follower = self._followers[task] = StepFollower(RunLayout(run_dir).journal_file(0))
             self._progress.update(task, completed=follower.poll())
 
-    def finish(self, task: TaskID, line: str) -> None:
-        """A run is over: drop its bar, advance the suite, print its one-line result."""
+    def finish(self, task: TaskID, line: str, *, counts: bool = True) -> None:
+        """A run is over: drop its bar, print its one-line result, and advance the overall
+        bar when the run is one it counts (a scenario's, not its baseline's)."""
         with self._lock:
             self._progress.remove_task(task)
             self._followers.pop(task, None)
-            self._progress.advance(self._suite)
+            if counts:
+                self._progress.advance(self._suite)
             self._progress.console.print(line, highlight=False)

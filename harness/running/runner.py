@@ -215,11 +215,15 @@ class Runner:
         self.progress = progress
         self._cores = _Cores(options.cores)
 
-    def _bar(self, label: str, steps: int) -> tuple[Callable[[Path], None], Callable[[str], None]]:
+    def _bar(
+        self, label: str, steps: int, *, counts: bool = True
+    ) -> tuple[Callable[[Path], None], Callable[[str], None]]:
         if self.progress is None:
             return (lambda _d: None), (lambda _l: None)
         progress, task = self.progress, self.progress.start(label, steps)
-        return (lambda d: progress.poll(task, d)), (lambda line: progress.finish(task, line))
+        return (lambda d: progress.poll(task, d)), (
+            lambda line: progress.finish(task, line, counts=counts)
+        )
 
     def scenario(self, scenario: Scenario) -> ScenarioResult:
         """Run one scenario (its baseline first when a check needs one) and judge it."""
@@ -299,7 +303,7 @@ class Runner:
         if not scenario.expect.needs_baseline(command=scenario.trainer.command is not None):
             return None
         spec = scenario.trainer
-        poll, finish = self._bar(f"{scenario.name} (baseline)", spec.steps)
+        poll, finish = self._bar(f"{scenario.name} (baseline)", spec.steps, counts=False)
         try:
             cached = baseline_run(
                 spec,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable
 from html import escape
 from pathlib import Path
@@ -167,7 +168,10 @@ def _e(text: object) -> str:
 def _plots(run: SweepRun, cells: list[CellSummary]) -> list[Plot]:
     """Success rate with its interval; each seed's final loss; run time; steps lost."""
     xs = list(range(len(cells)))
-    names = [c.cell.slug for c in cells]
+    # The cell's settings under its point when they are short, else its name (the table
+    # above maps names to settings).
+    short = all(len(c.cell.label) <= 28 for c in cells)
+    names = [c.cell.label.replace(", ", "\n") if short else c.cell.slug for c in cells]
 
     def ticks(ax: Axes) -> None:
         ax.set_xticks(xs, names, rotation=30 if len(xs) > 6 else 0)
@@ -192,9 +196,8 @@ def _plots(run: SweepRun, cells: list[CellSummary]) -> list[Plot]:
                 ax.plot([x] * len(ys), ys, "o", color=BASELINE, ms=3.5, alpha=0.7,
                         label="a seed" if x == 0 else None)  # fmt: skip
                 if ys:
-                    ys.sort()
-                    ax.plot([x - 0.25, x + 0.25], [ys[len(ys) // 2]] * 2, color=FAULTED, lw=2,
-                            label="median" if x == 0 else None)  # fmt: skip
+                    ax.plot([x - 0.25, x + 0.25], [statistics.median(ys)] * 2, color=FAULTED,
+                            lw=2, label="median" if x == 0 else None)  # fmt: skip
             ticks(ax)
 
         return draw

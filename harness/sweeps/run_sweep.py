@@ -163,8 +163,12 @@ def _save_record(path: Path, record: RunRecord) -> None:
 def _keep(result: ScenarioResult) -> bool:
     """Whether a run's outcome is the configuration's (a stopped run or the harness's own
     failure is not, and is run again next time)."""
-    error = result.error or ""
-    return error != INTERRUPTED and not error.startswith("harness error:")
+    return not (_stopped(result) or (result.error or "").startswith("harness error:"))
+
+
+def _stopped(result: ScenarioResult) -> bool:
+    """The run was stopped by the user (its error may go on to say what was missing)."""
+    return (result.error or "").startswith(INTERRUPTED)
 
 
 def run_sweep(sweep: Sweep, options: SweepOptions, only: list[Cell] | None = None) -> SweepRun:
@@ -177,7 +181,8 @@ def run_sweep(sweep: Sweep, options: SweepOptions, only: list[Cell] | None = Non
         for seed in sweep.seeds:
             scenario = sweep.run_scenario(cell, seed)
             jobs.append((cell, seed, scenario, scenario_key(scenario)))
-    check_command(jobs[0][2].trainer)
+    for trainer in {job[2].trainer.command: job[2].trainer for job in jobs}.values():
+        check_command(trainer)  # each distinct command (a grid may sweep it), before any run
     options.out_dir.mkdir(parents=True, exist_ok=True)
     records: list[RunRecord] = []
     todo = []
@@ -233,7 +238,7 @@ def run_sweep(sweep: Sweep, options: SweepOptions, only: list[Cell] | None = Non
     for f in futures:
         f.result()  # a surprise in the sweep's own code is raised, not swallowed
     # A stopped run says nothing of its configuration: it is left out (and run next time).
-    finished = [r for r in records if r.result.error != INTERRUPTED]
+    finished = [r for r in records if not _stopped(r.result)]
     return SweepRun(
         sweep=sweep,
         records=sorted(finished, key=lambda r: (r.cell, r.seed)),

@@ -36,9 +36,10 @@ from harness.suites.suite_loader import ScenarioError, dotted, parse_suite, read
 _KEYS = ("sweep", "description", "scenario", "grid", "seeds", "min_success")
 #: The most runs one sweep may ask for (cells times seeds).
 MAX_RUNS = 10_000
-#: Trainer fields a grid may not set: the seeds are the sweep's own axis, and a command
-#: or launcher is not a setting of one trainer.
-_NOT_SWEPT = ("seed", "command", "launcher", "cwd", "sample_command")
+#: Trainer fields a grid may not set: the seeds are the sweep's own axis, and how a run is
+#: launched or sampled is not what it computes. (A command trainer's variants are swept as
+#: ``command`` or as ``env.NAME``.)
+_NOT_SWEPT = ("seed", "launcher", "cwd", "sample_command")
 
 Path_ = tuple[str | int, ...]
 
@@ -266,5 +267,8 @@ def _check_cells(sweep: Sweep, out: _Problems) -> None:
 
 def load_sweep(path: str | Path) -> Sweep:
     """Read and validate a sweep file; every problem named with its file and line."""
-    data, lines = read_yaml(path, "sweep")
+    try:
+        data, lines = read_yaml(path, "sweep")
+    except ScenarioError as exc:
+        raise SweepError(exc.source, exc.problems) from None
     return parse_sweep(data, str(path), lines)

@@ -1,0 +1,1 @@
+"""Glue to the tools teams already run tightrope beside (docs/chaostoolkit.md)."""

@@ -1,0 +1,121 @@
+"""`tightrope sweep` end to end: a 2 x 2 grid of the reference trainer judged, stopped,
+continued from its cached runs, and run again under pytest; a command trainer's sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+GRID = """\
+sweep: guards
+description: NaN gradients, with the guards on and off, at two beta2 values.
+scenario:
+  trainer: {model: tiny, steps: 12, checkpoint_every: 6, timeout: 120}
+  faults: [{kind: nan_grad, at_step: 8}]
+  expect: {completed: true, params_finite: true}
+grid:
+  preset: [reference, fragile]
+  optimizer.beta2: [0.999, 0.95]
+seeds: 2
+min_success: 0.5
+"""
+
+
+def _env(cache: Path) -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TIGHTROPE_CACHE=str(cache))
+
+
+def _sweep(args: list[str], cache: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "sweep", *args],
+        cwd=ROOT,
+        env=_env(cache),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_a_grid_is_judged_and_a_stopped_sweep_goes_on_from_its_cache(tmp_path: Path) -> None:
+    file, out, cache = tmp_path / "guards.yaml", tmp_path / "out", tmp_path / "cache"
+    file.write_text(GRID)
+    # Stopped (Ctrl-C) once two runs have finished: what finished is kept.
+    first = subprocess.Popen(
+        [sys.executable, "-m", "harness", "sweep", str(file), "--out", str(out)],
+        cwd=ROOT,
+        env=_env(cache),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while len(list((cache / "sweep-runs").glob("*.json"))) < 2 and time.monotonic() < deadline:
+        assert first.poll() is None, first.communicate()[0]
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    said = first.communicate(timeout=60)[0]
+    assert first.returncode == 130, said
+    partial = json.loads((out / "sweep.json").read_text())
+    assert partial["complete"] is False and partial["interrupted"] is True
+    kept = len(partial["runs"])
+    assert 2 <= kept < 8
+
+    done = _sweep([str(file), "--out", str(out)], cache)
+    assert done.returncode == 1, done.stdout + done.stderr  # the fragile cells fall short
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["complete"] is True and len(data["runs"]) == 8
+    assert sum(r["cached"] for r in data["runs"]) >= kept
+    cells = {c["label"]: c for c in data["cells"]}
+    for beta2 in ("0.999", "0.95"):
+        guarded = cells[f"preset=reference, optimizer.beta2={beta2}"]
+        bare = cells[f"preset=fragile, optimizer.beta2={beta2}"]
+        assert (guarded["passed"], guarded["runs"]) == (2, 2)
+        assert (bare["passed"], bare["failed_checks"]) == (0, {"params_finite": 2})
+    assert "below min_success 0.5" in done.stdout
+    assert {p.name for p in out.iterdir()} >= {"sweep.json", "sweep.md", "sweep.html", "runs"}
+
+    # The same file under pytest: one item per cell, every run reused from the cache.
+    tested = subprocess.run(
+        [sys.executable, "-m", "pytest", str(file), "-q", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), "--tightrope-scorecard", str(tmp_path / "pytest")],
+        cwd=ROOT, env=_env(cache), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert "2 failed, 2 passed" in tested.stdout, tested.stdout + tested.stderr
+    assert "success rate below min_success 0.5" in tested.stdout
+    reports = tmp_path / "pytest" / "sweep-guards"
+    assert (reports / "sweep.md").is_file()
+    assert not (reports / "runs").exists()  # nothing ran again
+
+
+def test_a_command_trainer_sweeps_its_variants(tmp_path: Path) -> None:
+    file, out = tmp_path / "tutorial.yaml", tmp_path / "out"
+    trainer = "{python} tests/trainers/tutorial_loop.py --steps {steps} --seed {seed}"
+    file.write_text(
+        f"""\
+sweep: tutorial-guard
+scenario:
+  trainer: {{command: "{trainer}", steps: 20, timeout: 120}}
+  faults: [{{kind: nan_grad, at_step: 8, target: "blocks.0.*"}}]
+  expect: {{params_finite: true, completed: true}}
+grid:
+  command: ["{trainer}", "{trainer} --guard"]
+seeds: 2
+"""
+    )
+    done = _sweep([str(file), "--out", str(out)], tmp_path / "cache")
+    assert done.returncode == 0, done.stdout + done.stderr  # no min_success: nothing falls short
+    bare, guarded = json.loads((out / "sweep.json").read_text())["cells"]
+    assert (bare["passed"], guarded["passed"]) == (0, 2)
+    assert bare["failed_checks"] == {"params_finite": 2}
