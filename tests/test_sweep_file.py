@@ -151,3 +151,16 @@ grid:
 def test_the_shipped_sweep_files_are_valid(path: Path) -> None:
     sweep = load_sweep(path)
     assert sweep.runs >= 2 and sweep.description
+
+
+def test_the_command_refuses_a_bad_file_or_option_with_exit_2(tmp_path: Path) -> None:
+    from .conftest import run_module
+
+    bad = _write(tmp_path, "scenario: {expect: {completed: true}}\ngrid: {colour: [red]}\n")
+    done = run_module("-m", "harness", "sweep", str(bad), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "sweep.yaml:2: grid.colour: unknown trainer field" in (
+        done.stderr
+    )
+    done = run_module("-m", "harness", "sweep", str(bad), "--seeds", "0")
+    assert done.returncode == 2 and "--seeds: expected a positive number" in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing written
