@@ -6,21 +6,23 @@
 #   - build/image/wheels, every dependency as a wheel, gathered from the local package index
 #     (`pip wheel -c constraints.txt '.[semantic]'`, so torch is the pinned CPU build).
 # By hand, once those exist: docker build --network none -t tightrope .
-#   docker run --network none -v "$PWD/out:/work/out" tightrope   # the smoke suite -> out/
+#   docker run --network none --hostname localhost -v "$PWD/out:/work/out" tightrope
+# runs the smoke suite into out/ (torchrun needs a host name that resolves: with no network
+# only localhost does).
 ARG BASE=tightrope-python:latest
 
 # The dependencies, in a stage of their own: the wheels never reach the final image, and this
 # layer is rebuilt only when the wheels change (pyproject.toml or constraints.txt did).
 FROM ${BASE} AS dependencies
 ARG PYTHON=python3.11
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 COPY build/image/wheels/ /wheels/
 RUN python3 -m ensurepip --default-pip >/dev/null \
     && python3 -m pip install --no-index --find-links /wheels /wheels/*.whl
 
 FROM ${BASE}
 ARG PYTHON=python3.11
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
     OMP_NUM_THREADS=1 MPLCONFIGDIR=/tmp/matplotlib
 COPY --from=dependencies /usr/local/lib/${PYTHON}/site-packages/ /usr/local/lib/${PYTHON}/site-packages/
 COPY --from=dependencies /usr/local/bin/ /usr/local/bin/
@@ -29,8 +31,9 @@ COPY pyproject.toml README.md /opt/tightrope/
 COPY faults/ /opt/tightrope/faults/
 COPY harness/ /opt/tightrope/harness/
 COPY reference_trainer/ /opt/tightrope/reference_trainer/
+# (The base has no coreutils: Python removes the in-tree build's leftovers.)
 RUN python3 -m pip install --no-index --no-deps --no-build-isolation /opt/tightrope \
-    && rm -rf /opt/tightrope/build /opt/tightrope/*.egg-info
+    && python3 -c "import glob, shutil; [shutil.rmtree(p) for p in glob.glob('/opt/tightrope/*.egg-info') + ['/opt/tightrope/build']]"
 COPY scenarios/ /opt/tightrope/scenarios/
 WORKDIR /work
 ENTRYPOINT ["tightrope"]

@@ -102,13 +102,15 @@ def test_docker_run_writes_the_smoke_scorecard_to_the_mounted_folder(
     default = client.images.get(image.tag).attrs["Config"]["Cmd"]
     assert default == ["run", "/opt/tightrope/scenarios/smoke.yaml", "--scorecard", "/work/out"]
     name = f"tightrope-image-test-{uuid.uuid4().hex[:8]}"
-    # The default command cut to one scenario; no network at all, as offline as the build.
+    # The default command cut to one scenario; no network at all, as offline as the build
+    # (and a host name that resolves without one, as torchrun's rendezvous needs).
     container = client.containers.run(
         image.tag,
         [*default, "-k", "nan-grad"],
         name=name,
         volumes={str(out): {"bind": "/work/out", "mode": "rw"}},
         network_mode="none",
+        hostname="localhost",
         detach=True,
     )
     try:

@@ -13,7 +13,7 @@ wheels by a hash of pyproject.toml and constraints.txt, the image by a hash of e
 the build reads (labels on the images, as the node image of `harness.docker.image` does).
 
     python -m harness.docker.harness_image            # prepare and build; prints the tag
-    docker run --network none -v "$PWD/out:/work/out" tightrope:latest
+    docker run --network none --hostname localhost -v "$PWD/out:/work/out" tightrope:latest
 """
 
 from __future__ import annotations
