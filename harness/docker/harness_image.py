@@ -19,6 +19,7 @@ the build reads (labels on the images, as the node image of `harness.docker.imag
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import os
@@ -55,6 +56,7 @@ __all__ = [
 
 IMAGE = "tightrope:latest"
 PYTHON_IMAGE = "tightrope-python:latest"
+DEPENDENCIES_IMAGE = "tightrope-dependencies:latest"
 LAYOUT_LABEL = "tightrope.layout"
 INPUTS_LABEL = "tightrope.inputs"
 ROOT = Path(__file__).resolve().parents[2]
@@ -223,16 +225,22 @@ class _BaseSources:
         return sorted(so for folder in self.site for so in _shared_objects(folder))
 
     def key(self) -> str:
-        """A hash of every source file's path, size and time, and of the system library
-        folders' times (a package installed or upgraded changes them): cheap, no ldd."""
+        """A hash of the interpreter's files (path, size, time), of the system library
+        folders' times (an installed or upgraded package changes them), and of the wheels'
+        shared objects by name and size: the same wheels in a fresh virtual environment
+        give the same key, so a fresh clone reuses the base and every layer built on it.
+        Cheap: no ldd, no file read."""
         digest = hashlib.sha256(sys.version.encode())
         files = [self.interpreter, self.shell, *_stdlib_files(self.stdlib)]
         folders = [Path(p) for p in ("/lib", "/lib64", "/usr/lib", "/usr/lib64")]
-        folders += [f for f in Path("/usr/lib").glob("*-linux-gnu")]
-        for path in [*files, *self.wheel_objects(), *folders]:
+        folders += sorted(Path("/usr/lib").glob("*-linux-gnu"))
+        for path in [*files, *folders]:
             if path.exists():
                 info = path.stat()
                 digest.update(f"{path}:{info.st_size}:{info.st_mtime_ns}\0".encode())
+        for folder in self.site:
+            for so in sorted(_shared_objects(folder)):
+                digest.update(f"{so.relative_to(folder)}:{so.stat().st_size}\0".encode())
         return digest.hexdigest()[:16]
 
 
@@ -338,10 +346,45 @@ def gather_wheels(root: Path = ROOT) -> Path:
     return dest
 
 
+def _image_id(client: docker.DockerClient, tag: str) -> str | None:
+    try:
+        return str(client.images.get(tag).id)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _remove_replaced(client: docker.DockerClient, before: dict[str, str | None]) -> None:
+    """Remove the images our tags pointed to before this build (each ~2 GB on disk): by
+    id, so nothing of anyone else's is touched; one still in use is left alone."""
+    for tag, old in before.items():
+        if old is not None and old != _image_id(client, tag):
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(old)
+
+
+def _build(client: docker.DockerClient, root: Path, **options: object) -> str:
+    try:
+        image, _log = client.images.build(
+            path=str(root),
+            network_mode="none",  # the proof that nothing is fetched
+            buildargs={"BASE": PYTHON_IMAGE},
+            rm=True,
+            forcerm=True,
+            **options,  # type: ignore[arg-type]
+        )
+    except docker.errors.BuildError as exc:
+        lines = [str(step.get("stream") or step.get("error") or "") for step in exc.build_log]
+        raise DockerError(f"docker build failed: {exc.msg}\n{''.join(lines)[-3000:]}") from exc
+    except docker.errors.APIError as exc:
+        raise DockerError(f"docker build failed: {exc.explanation}") from exc
+    return str(image.id)
+
+
 def ensure_harness_image(
     client: docker.DockerClient, *, root: Path = ROOT, tag: str = IMAGE
 ) -> BuiltImage:
     """Build the Dockerfile as ``tag`` unless an image of the same inputs is there."""
+    before = {t: _image_id(client, t) for t in (tag, DEPENDENCIES_IMAGE, PYTHON_IMAGE)}
     layout = ensure_python_image(client)
     wheels = gather_wheels(root)
     digest = hashlib.sha256(layout.encode())
@@ -352,22 +395,12 @@ def ensure_harness_image(
     if _label(client, tag, INPUTS_LABEL) == inputs:
         return BuiltImage(tag, str(client.images.get(tag).id), built=False, seconds=0.0)
     started = time.monotonic()
-    try:
-        image, _log = client.images.build(
-            path=str(root),
-            tag=tag,
-            network_mode="none",  # the proof that nothing is fetched
-            buildargs={"BASE": PYTHON_IMAGE},
-            labels={INPUTS_LABEL: inputs},
-            rm=True,
-            forcerm=True,
-        )
-    except docker.errors.BuildError as exc:
-        lines = [str(step.get("stream") or step.get("error") or "") for step in exc.build_log]
-        raise DockerError(f"docker build failed: {exc.msg}\n{''.join(lines)[-3000:]}") from exc
-    except docker.errors.APIError as exc:
-        raise DockerError(f"docker build failed: {exc.explanation}") from exc
-    return BuiltImage(tag, str(image.id), built=True, seconds=time.monotonic() - started)
+    # The dependency stage is tagged too, so that the one it replaces can be removed by id
+    # (an untagged stage would pile up); the second build takes it from the layer cache.
+    _build(client, root, tag=DEPENDENCIES_IMAGE, target="dependencies")
+    image = _build(client, root, tag=tag, labels={INPUTS_LABEL: inputs})
+    _remove_replaced(client, before)
+    return BuiltImage(tag, image, built=True, seconds=time.monotonic() - started)
 
 
 def main(argv: list[str] | None = None) -> int:
