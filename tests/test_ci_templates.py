@@ -197,6 +197,52 @@ def test_fetch_target_takes_the_newest_scorecard_of_the_target_branch(
         assert not (target / "scorecard.json").exists()
 
 
+FAKE_CURL = """#!/usr/bin/env bash
+printf '%s\\n' "$@" > "$CURL_LOG"
+while [[ $# -gt 0 ]]; do
+  if [[ $1 == --output ]]; then cp "$CURL_SCORECARD" "$2"; fi
+  shift
+done
+"""
+
+
+def test_fetch_target_on_gitlab_asks_the_job_artifacts_api(tmp_path: Path) -> None:
+    """fetch-target's request on GitLab (a stand-in for curl that records it): the
+    scorecard.json of the template's job on the target branch, with the job's token."""
+    fake = tmp_path / "bin" / "curl"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_CURL)
+    fake.chmod(0o755)
+    stored = tmp_path / "stored.json"
+    stored.write_text('{"suite": "smoke"}')
+    target, log = tmp_path / "target", tmp_path / "curl.log"
+    result = _script(
+        tmp_path,
+        "fetch-target",
+        PATH=f"{fake.parent}:{os.environ['PATH']}",
+        GITHUB_ACTIONS="",
+        GITLAB_CI="true",
+        CI_API_V4_URL="https://gitlab.example/api/v4",
+        CI_PROJECT_ID="7",
+        CI_JOB_NAME="tightrope",
+        CI_JOB_TOKEN="secret-token",
+        CURL_LOG=str(log),
+        CURL_SCORECARD=str(stored),
+        TIGHTROPE_OUT="out/scorecard",
+        TIGHTROPE_TARGET=str(target),
+        TIGHTROPE_TARGET_BRANCH="release/2",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    args = log.read_text().splitlines()
+    assert args[args.index("--header") + 1] == "JOB-TOKEN: secret-token"
+    assert args[-1] == (
+        "https://gitlab.example/api/v4/projects/7/jobs/artifacts/release%2F2/raw/"
+        "out/scorecard/scorecard.json?job=tightrope"
+    )
+    assert "--fail" in args  # a missing artifact is an error curl reports, not a file
+    assert (target / "scorecard.json").read_text() == stored.read_text()
+
+
 def _cut_smoke_suite(tmp_path: Path) -> Path:
     """scenarios/smoke.yaml cut to its nan-grad scenario, 20 steps, the NaN at step 8."""
     suite = yaml.safe_load((ROOT / "scenarios" / "smoke.yaml").read_text())
