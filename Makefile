@@ -7,13 +7,16 @@ STAMP := $(VENV)/.tightrope-installed
 # One thread per rank: two ranks share this machine's cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint browser bench fuzz clean
+.PHONY: demo test lint browser bench fuzz clean install
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
 		-c constraints.txt -e '.[dev,docker,semantic,chaos]'
 	@touch $(STAMP)
+
+## install: only the install that the other targets start with (the CI templates' set-up)
+install: $(STAMP)
 
 ## demo: the smoke suite against the reference trainer, then against the fragile preset;
 ## both scorecards written, the scores printed side by side. Succeeds when the reference
