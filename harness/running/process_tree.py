@@ -96,6 +96,9 @@ def kill_marked(mark: str, grace: float = 0.0) -> int:
     their own (a process already killed and still dying, a monitor that follows its rank
     out); the number killed."""
     left = marked(mark)
+    if not left:  # a process caught in the middle of an exec can read as no environment
+        time.sleep(0.05)
+        left = marked(mark)
     deadline = time.monotonic() + grace
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
