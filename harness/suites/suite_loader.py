@@ -57,7 +57,7 @@ def _lines(
     return into
 
 
-class _Collector:
+class Problems:
     """Gathers problems with the line of the nearest known enclosing path."""
 
     def __init__(self, source: str, lines: Mapping[Path_, int]) -> None:
@@ -104,7 +104,7 @@ def _merge(defaults: dict[str, Any], own: Any) -> Any:
     return {k: v for k, v in merged.items() if v is not None}
 
 
-def _parse_faults(raw: Any, base: Path_, out: _Collector) -> list[FaultSpec] | None:
+def _parse_faults(raw: Any, base: Path_, out: Problems) -> list[FaultSpec] | None:
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -132,7 +132,7 @@ def _parse_faults(raw: Any, base: Path_, out: _Collector) -> list[FaultSpec] | N
 
 def parse_suite(data: Any, source: str, lines: Mapping[Path_, int] | None = None) -> Suite:
     """Validate a suite given as plain data (what the YAML file holds)."""
-    out = _Collector(source, lines or {})
+    out = Problems(source, lines or {})
     if not isinstance(data, dict):
         raise ScenarioError(source, [f"{source}: a suite is a mapping with 'scenarios'"])
     for key in sorted(set(data) - _SUITE_KEYS):

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.suites.scenario import Scenario, TrainerSpec
-from harness.suites.suite_loader import ScenarioError, dotted, parse_suite, read_yaml
+from harness.suites.suite_loader import Problems, ScenarioError, parse_suite, read_yaml
 
 _KEYS = ("sweep", "description", "scenario", "grid", "seeds", "min_success")
 #: The most runs one sweep may ask for (cells times seeds).
@@ -134,22 +134,7 @@ def with_settings(scenario: Scenario, cell: Cell, seed: int) -> Scenario:
     )
 
 
-class _Problems:
-    def __init__(self, source: str, lines: Mapping[Path_, int]) -> None:
-        self.source, self.lines, self.found = source, lines, list[str]()
-
-    def add(self, path: Path_, message: str) -> None:
-        probe = path
-        while probe and probe not in self.lines:
-            probe = probe[:-1]
-        line = self.lines.get(probe)
-        where = f"{self.source}:{line}" if line else self.source
-        self.found.append(f"{where}: {dotted(path) or '(top level)'}: {message}")
-
-
-def _scenario(
-    data: Any, source: str, lines: Mapping[Path_, int], out: _Problems
-) -> Scenario | None:
+def _scenario(data: Any, source: str, lines: Mapping[Path_, int], out: Problems) -> Scenario | None:
     """The sweep's scenario, validated as a suite's would be (its lines and paths kept)."""
     if not isinstance(data, dict):
         out.add(("scenario",), "expected a mapping (trainer, faults, expect)")
@@ -159,12 +144,12 @@ def _scenario(
     try:
         suite = parse_suite({"suite": "sweep", "scenarios": [named]}, source, inner)
     except ScenarioError as exc:
-        out.found += [p.replace(": scenarios[0]", ": scenario", 1) for p in exc.problems]
+        out.problems += [p.replace(": scenarios[0]", ": scenario", 1) for p in exc.problems]
         return None
     return suite.scenarios[0]
 
 
-def _grid(raw: Any, out: _Problems) -> list[tuple[str, tuple[Any, ...]]]:
+def _grid(raw: Any, out: Problems) -> list[tuple[str, tuple[Any, ...]]]:
     if raw is None:
         return []
     if not isinstance(raw, dict):
@@ -196,7 +181,7 @@ def _grid(raw: Any, out: _Problems) -> list[tuple[str, tuple[Any, ...]]]:
     return grid
 
 
-def _seeds(raw: Any, out: _Problems) -> tuple[int, ...]:
+def _seeds(raw: Any, out: Problems) -> tuple[int, ...]:
     if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
         return tuple(range(raw))
     if (
@@ -214,7 +199,7 @@ def _seeds(raw: Any, out: _Problems) -> tuple[int, ...]:
 def parse_sweep(data: Any, source: str, lines: Mapping[Path_, int] | None = None) -> Sweep:
     """Validate a sweep given as plain data (what the YAML file holds)."""
     lines = lines or {}
-    out = _Problems(source, lines)
+    out = Problems(source, lines)
     if not isinstance(data, dict):
         raise SweepError(source, [f"{source}: a sweep is a mapping with 'scenario' and 'grid'"])
     for key in sorted(set(data) - set(_KEYS)):
@@ -235,7 +220,7 @@ def parse_sweep(data: Any, source: str, lines: Mapping[Path_, int] | None = None
     if cells * max(1, len(seeds)) > MAX_RUNS:
         out.add(("grid",), f"{cells} cells x {len(seeds)} seeds is past {MAX_RUNS} runs")
     sweep = None
-    if scenario is not None and not out.found:
+    if scenario is not None and not out.problems:
         sweep = Sweep(
             name=str(data.get("sweep") or Path(source).stem),
             description=str(data.get("description") or ""),
@@ -246,12 +231,12 @@ def parse_sweep(data: Any, source: str, lines: Mapping[Path_, int] | None = None
             source=source,
         )
         _check_cells(sweep, out)
-    if out.found or sweep is None:
-        raise SweepError(source, out.found)
+    if out.problems or sweep is None:
+        raise SweepError(source, out.problems)
     return sweep
 
 
-def _check_cells(sweep: Sweep, out: _Problems) -> None:
+def _check_cells(sweep: Sweep, out: Problems) -> None:
     """Every cell must make a valid trainer; a bad value is named with its cell."""
     for cell in sweep.cells():
         try:
@@ -261,7 +246,7 @@ def _check_cells(sweep: Sweep, out: _Problems) -> None:
                 where = ".".join(["trainer", *(str(p) for p in err["loc"])])
                 msg = str(err["msg"]).removeprefix("Value error, ")
                 out.add(("grid",), f"the cell {cell.label}: {where}: {msg}")
-            if len(out.found) >= 10:
+            if len(out.problems) >= 10:
                 return
 
 
