@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from faults import FaultPlan
 from harness.errors import TightropeError
@@ -29,6 +30,7 @@ from reference_trainer.processes.preemption import EXIT_PREEMPTED
 from reference_trainer.stability.mechanisms import StabilityConfig
 
 PROG = "reference_trainer"
+T = TypeVar("T", int, float)
 #: Flags a resumed run may change; every other flag must match the saved configuration.
 _RESUMABLE_CHANGES = (
     "steps",
@@ -47,34 +49,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _checked(
+    kind: Callable[[str], T], ok: Callable[[T], bool], expected: str
+) -> Callable[[str], T]:
+    """An argparse type: ``kind(text)``, refused unless ``ok``, naming what was expected."""
+
+    def parse(text: str) -> T:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
-def _beta(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
-    return value
+_positive_int = _checked(int, lambda v: v > 0, "a positive integer")
+_positive_float = _checked(float, lambda v: 0 < v < math.inf, "a positive number")
+_beta = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,8 +4,6 @@ judged by the harness."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 from pathlib import Path
 
@@ -17,9 +15,8 @@ from harness.records.journal import read_journal
 from harness.running.runner import RunOptions, run_suite
 from harness.suites.suite_loader import parse_suite
 from reference_trainer.checkpoints import files as ckpt
-from reference_trainer.config import TrainConfig, preset
-from reference_trainer.train import train
-from tests.test_trainer import assert_same_tensors, final_state
+from reference_trainer.config import TrainConfig
+from tests.test_trainer import assert_same_tensors, final_state, run, tiny
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def sophia(**overrides: object) -> TrainConfig:
     """The tiny preset trained with Sophia, a Hessian estimate every 5 steps."""
-    data = preset("tiny").to_dict() | overrides
+    data = tiny(**overrides).to_dict()
     data["optim"] |= {"name": "sophia", "sophia": {"hessian_every": 5}}
     return TrainConfig.from_dict(data)
-
-
-def run(cfg: TrainConfig, run_dir: Path, **kwargs: object) -> None:
-    """Train in this process with progress lines silenced."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        train(cfg, run_dir, **kwargs)  # type: ignore[arg-type]
 
 
 def test_resume_across_hessian_estimates_is_bit_exact(tmp_path: Path) -> None:
