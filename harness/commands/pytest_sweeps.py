@@ -69,8 +69,9 @@ class SweepCellItem(pytest.Item):
         run = run_sweep(self.sweep, options, only=[self.cell])
         parent.records += run.records
         so_far = SweepRun(self.sweep, list(parent.records), run.started, run.seconds)
-        write_reports(so_far, parent.out_dir)
-        (summary,) = [s for s in summarize(so_far) if s.cell == self.cell]
+        cells = summarize(so_far)
+        write_reports(so_far, parent.out_dir, cells)
+        (summary,) = [s for s in cells if s.cell == self.cell]
         self.user_properties += [("success_rate", summary.success), ("runs", summary.runs)]
         if run.interrupted:
             raise CellFailed(summary, "stopped before its seeds were run")

@@ -72,8 +72,8 @@ def _sweep(args: argparse.Namespace) -> int:
         run = run_sweep(sweep, options)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    paths = write_reports(run, out_dir)
     cells = summarize(run)
+    paths = write_reports(run, out_dir, cells)
     columns = [
         Column("cell"),
         Column("settings", wrap=True),

@@ -25,9 +25,8 @@ SWEEP_VERSION = 1
 FILES = ("sweep.json", "sweep.md", "sweep.html")
 
 
-def sweep_data(run: SweepRun) -> dict[str, Any]:
+def sweep_data(run: SweepRun, cells: list[CellSummary], pairs: list[Comparison]) -> dict[str, Any]:
     """Everything a sweep found, as plain data (what sweep.json holds)."""
-    cells = summarize(run)
     sweep = run.sweep
     return {
         "version": SWEEP_VERSION,
@@ -44,17 +43,20 @@ def sweep_data(run: SweepRun) -> dict[str, Any]:
         "min_success": sweep.min_success,
         "scenario": sweep.scenario.model_dump(mode="json", by_alias=True, exclude_defaults=True),
         "cells": [c.to_dict() for c in cells],
-        "comparisons": [c.to_dict() for c in compare(run, cells)],
+        "comparisons": [c.to_dict() for c in pairs],
         "runs": [r.to_dict() for r in run.records],
     }
 
 
-def write_reports(run: SweepRun, out_dir: Path) -> list[Path]:
-    """Write the three reports into ``out_dir``; returns their paths."""
+def write_reports(
+    run: SweepRun, out_dir: Path, cells: list[CellSummary] | None = None
+) -> list[Path]:
+    """Write the three reports into ``out_dir`` (from ``cells``, the run's `summarize`,
+    when the caller has it already); returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cells = summarize(run)
+    cells = summarize(run) if cells is None else cells
     pairs = compare(run, cells)
-    data = sweep_data(run)
+    data = sweep_data(run, cells, pairs)
     paths = [out_dir / name for name in FILES]
     paths[0].write_text(json.dumps(json_safe(data), indent=2, allow_nan=False, default=str) + "\n")
     paths[1].write_text(render_markdown(run, cells, pairs))
