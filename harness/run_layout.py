@@ -11,6 +11,7 @@ where a thing lives, so the layout below is written down once::
     RUN_DIR/checkpoints/               step-NNNNNNNN/ folders and the `latest` hint
     RUN_DIR/heartbeats/rank-R.json     each rank's last step, for its hang monitor
     RUN_DIR/metrics/rank-R.prom        each rank's OpenMetrics for dashboards (docs/metrics.md)
+    RUN_DIR/microscope/rank-R/*.npz    each rank's per-layer figures (docs/journal.md)
     RUN_DIR/control/                   the live-control channel (harness/live/control.py)
     RUN_DIR/diagnosis.md               why recovery gave up, when it did
     RUN_DIR/plan.yaml                  the fault plan the runner handed the trainer
@@ -78,6 +79,14 @@ class RunLayout:
     def metrics_file(self, rank: int) -> Path:
         """One rank's OpenMetrics text file, rewritten every few seconds when enabled."""
         return self.metrics / f"rank-{rank}.prom"
+
+    @property
+    def microscope(self) -> Path:
+        return self.root / "microscope"
+
+    def microscope_rank(self, rank: int) -> Path:
+        """One rank's microscope chunks (harness/records/microscope_file.py)."""
+        return self.microscope / f"rank-{rank}"
 
     @property
     def control(self) -> Path:
