@@ -33,6 +33,7 @@ from rich.table import Table
 
 from harness.mechanisms import TRAINER_MECHANISMS
 from harness.records.journal import read_journal
+from harness.records.microscope_file import MICROSCOPE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 1.10
@@ -93,8 +94,9 @@ def measured_times(args: argparse.Namespace, run_dir: Path) -> list[float]:
 
 
 def step_times(args: argparse.Namespace, flags: list[str], work: Path) -> list[float]:
-    """Step times of one run of the variant, after its first ``--skip`` steps."""
-    return measured_times(args, run_variant(args, flags, work))
+    """Step times of one run of the variant, after its first ``--skip`` steps (the
+    microscope off: benchmarks/microscope.py measures it)."""
+    return measured_times(args, run_variant(args, flags, work, {MICROSCOPE_ENV: "off"}))
 
 
 def main(argv: list[str] | None = None) -> int:
