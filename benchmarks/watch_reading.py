@@ -6,6 +6,7 @@ process, one CPU thread:
 
 1. the first refresh, which reads the whole journal and the microscope;
 2. a refresh after one more step on each rank (the steady state: only the new lines);
+   and one after 100 more steps on each rank (a second of a fast job);
 3. a refresh after a new microscope chunk appeared (the microscope is read again);
 4. rendering one frame to text.
 
@@ -102,14 +103,27 @@ def main() -> int:
                 _step(w, step)
             steady.append(_timed(reader.refresh))
         idle = [_timed(reader.refresh) for _ in range(args.repeats)]
+        burst = []  # a refresh after a second of a fast job: 100 steps on each rank
+        for _ in range(10):
+            for _ in range(100):
+                step += 1
+                for w in writers:
+                    _step(w, step)
+            burst.append(_timed(reader.refresh))
         new_chunk = []
         hist = np.stack([histogram(np.ones(4)) for _ in LAYERS])
         for _ in range(5):
             step += 1
             scopes[0].add(_record(step, hist))
             scopes[0].flush()
+            time.sleep(max(0.0, reader.microscope_due - time.monotonic()))  # not held back
+            before = reader.microscope
             new_chunk.append(_timed(reader.refresh))
+            assert reader.microscope is not before, "the new chunk was not read"
         snapshot = reader.refresh()
+        last = snapshot.ranks[0].last_step
+        assert last is not None and last.step == step - 5, "the refreshes missed steps"
+        assert snapshot.microscope is not None and len(snapshot.microscope.ranks[0]) > 0
         console = Console(file=io.StringIO(), width=120)
         frame = [_timed(lambda: console.print(render(snapshot))) for _ in range(20)]
         for w in writers:
@@ -121,6 +135,7 @@ def main() -> int:
         "first_refresh_ms": first * 1e3,
         "refresh_after_one_step_ms": statistics.median(steady) * 1e3,
         "refresh_nothing_new_ms": statistics.median(idle) * 1e3,
+        "refresh_after_100_steps_ms": statistics.median(burst) * 1e3,
         "refresh_new_chunk_ms": statistics.median(new_chunk) * 1e3,
         "render_frame_ms": statistics.median(frame) * 1e3,
     }

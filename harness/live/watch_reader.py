@@ -149,6 +149,7 @@ class WatchReader:
         self.layer_stats_step: dict[int, int] = {}
         self.microscope: Microscope | None = None
         self._chunk_names: frozenset[str] = frozenset()
+        self.microscope_due = 0.0  # monotonic time before which it is not read again
 
     def _find_files(self) -> None:
         try:
@@ -194,9 +195,16 @@ class WatchReader:
         if root.is_dir():
             for folder in root.glob("rank-*"):
                 names.update(f"{folder.name}/{p.name}" for p in folder.glob("*.npz"))
-        if names and names != self._chunk_names:
-            self._chunk_names = frozenset(names)
-            self.microscope = read_microscope(self.run_dir)
+        if not names or names == self._chunk_names:
+            return
+        # Reading is whole-run (the chunks merge across restarts), so a long run's re-read
+        # costs more: keep it under a tenth of the watcher's time, whatever the chunk rate.
+        if time.monotonic() < self.microscope_due:
+            return
+        started = time.monotonic()
+        self._chunk_names = frozenset(names)
+        self.microscope = read_microscope(self.run_dir)
+        self.microscope_due = time.monotonic() + 9 * (time.monotonic() - started)
 
     def _heartbeats(self) -> dict[int, Heartbeat]:
         beats: dict[int, Heartbeat] = {}
