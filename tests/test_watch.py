@@ -130,6 +130,10 @@ def test_tail_reads_appended_lines_once_and_waits_for_a_torn_last_line(tmp_path:
     assert [e.step for e in tail.read_new()] == [7]
     assert tail.torn == 1
     w.close()
+    tail.path.unlink()  # a new run in the same folder starts a new file
+    with JournalWriter(tmp_path, rank=0) as again:
+        _start(again)
+    assert [e.kind for e in tail.read_new()] == ["run_start"]
 
 
 def test_reader_keeps_only_a_bounded_window_and_finds_new_ranks(tmp_path: Path) -> None:
@@ -354,3 +358,38 @@ def test_a_background_job_ends_when_its_processes_are_gone_not_at_run_end(
         job.wait()
     snap = reader.refresh()
     assert snap.background_alive is False and snap.ended
+
+
+@pytest.mark.slow
+def test_live_view_of_a_real_tiny_training_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "reference_trainer", "--preset", "tiny", "--steps", "40"]
+    trainer = subprocess.Popen(
+        [*argv, "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    started: list[subprocess.Popen[bytes]] = [trainer]
+    master = -1
+    try:
+        deadline = time.monotonic() + 120
+        while not RunLayout(run_dir).journal.is_dir() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc, master = _spawn_watch(run_dir)
+        started.append(proc)
+        screen = _read_until(master, proc, 180)
+        assert proc.wait(timeout=10) == 0
+        assert trainer.wait(timeout=60) == 0
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if master >= 0:
+            os.close(master)
+    seen = sorted({int(s) for s in re.findall(r"step (\d+) ", screen)})
+    assert len(seen) >= 3 and seen[-1] == 40, seen
+    assert "hottest layers (from the microscope)" in screen
+    assert "ended (completed)" in screen

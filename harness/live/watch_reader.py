@@ -57,6 +57,8 @@ class JournalTail:
         """Events of the whole lines appended since the last call; offset moves past them."""
         try:
             with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:
+                    self.offset = 0  # not the file read before (a new run in the folder)
                 f.seek(self.offset)
                 data = f.read()
         except OSError:
