@@ -18,9 +18,16 @@ import numpy as np
 import pytest
 
 from harness.commands.main import main
+from harness.live.hot_layers import from_microscope, hottest
 from harness.live.watch_reader import JournalTail, WatchReader
 from harness.records.journal import JournalWriter
-from harness.records.microscope_file import WHY_PERIODIC, MicroscopeWriter, Record, histogram
+from harness.records.microscope_file import (
+    WHY_PERIODIC,
+    MicroscopeWriter,
+    Record,
+    histogram,
+    read_microscope,
+)
 from harness.run_layout import RunLayout
 from harness.running.process_tree import MARK
 
@@ -232,6 +239,9 @@ def test_bad_run_dirs_and_arguments_exit_2(
     assert "no such directory" in capsys.readouterr().err
     assert main(["watch", str(tmp_path), "--once"]) == 2
     assert "no journal" in capsys.readouterr().err
+    RunLayout(tmp_path).journal.mkdir()
+    assert main(["watch", str(tmp_path), "--once"]) == 2
+    assert "holds no rank-<R>.jsonl" in capsys.readouterr().err
     for bad in (["--interval", "0"], ["--interval", "soon"], ["--rank", "-1"]):
         with pytest.raises(SystemExit) as exit_:
             main(["watch", str(tmp_path), *bad])
@@ -393,3 +403,26 @@ def test_live_view_of_a_real_tiny_training_run(tmp_path: Path) -> None:
     assert len(seen) >= 3 and seen[-1] == 40, seen
     assert "hottest layers (from the microscope)" in screen
     assert "ended (completed)" in screen
+
+
+def test_non_finite_gradients_rank_first_and_unmeasured_records_are_skipped(
+    tmp_path: Path,
+) -> None:
+    writer = MicroscopeWriter(tmp_path, rank=0, restart=0, layers=["a", "b", "c", "d"])
+    ones = np.ones(4, dtype=np.float32)
+    hist = np.zeros((4, len(histogram(np.ones(1)))), dtype=np.int64)
+    for step in range(1, 11):
+        writer.add(Record(step, WHY_PERIODIC, 0.0, ones.copy(), ones, ones * 1e-3, hist))
+    grad = np.array([np.nan, np.inf, 50.0, np.nan], dtype=np.float32)
+    weight = np.array([1.0, 1.0, 1.0, np.nan], dtype=np.float32)  # d: not measured here
+    writer.add(Record(11, WHY_PERIODIC, 0.0, grad, weight, ones * 1e-3, hist))
+    writer.flush()
+    rows = hottest(from_microscope(read_microscope(tmp_path)), top=4)
+    assert [(h.layer, h.finite, h.hot) for h in rows[:3]] == [
+        ("a", False, True),  # NaN where its weights were measured: a NaN gradient
+        ("b", False, True),
+        ("c", True, True),
+    ]
+    assert rows[2].ratio == pytest.approx(50.0)
+    d = rows[3]  # its last measured record is step 10, at its median
+    assert (d.layer, d.step, d.hot) == ("d", 10, False) and d.ratio == pytest.approx(1.0)

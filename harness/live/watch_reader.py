@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import TightropeError
+from harness.errors import JournalError
 from harness.integrations.chaostoolkit import background
 from harness.records.journal import Event, Journal, _decode_line
 from harness.records.microscope_file import Microscope, read_microscope
@@ -41,7 +41,7 @@ _STATUS_KINDS = frozenset({"run_start", "run_end", "fault_injected", "command"})
 LAYER_HISTORY = 200
 
 
-class WatchError(TightropeError):
+class WatchError(JournalError):
     """The run directory cannot be watched (missing, or no journal in it)."""
 
 
@@ -145,6 +145,12 @@ class WatchReader:
                 "exist; is this a run directory, and has the job started?)"
             )
         self.tails: dict[int, JournalTail] = {}
+        self._find_files()
+        if not self.tails:
+            raise WatchError(
+                f"cannot watch {self.run_dir}: no journal ({self.layout.journal} holds no "
+                "rank-<R>.jsonl file yet)"
+            )
         self.ranks: dict[int, RankState] = {}
         self._status_events: list[Event] = []
         self.layer_history: dict[tuple[int, str], deque[float]] = {}
