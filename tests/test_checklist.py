@@ -1,0 +1,183 @@
+"""The monitoring checklist: its catalogue is valid and grounded (fault kinds, journal
+fields, run-dir files and microscope arrays that exist), a run directory emits exactly the
+items whose evidence is on disk, and docs/checklist.md is the catalogue's."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from faults import kinds
+from harness.checklist import docs
+from harness.checklist.catalogue import (
+    FILE_EVIDENCE,
+    ChecklistError,
+    catalogue,
+    parse_catalogue,
+    parse_evidence,
+)
+from harness.checklist.run_check import check_run
+from harness.records.journal import JournalWriter
+from harness.records.journal_schema import field_spec
+from harness.records.microscope_file import MicroscopeWriter, Record, histogram
+from harness.run_layout import RunLayout
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: What the synthetic run of `write_run` emits, by hand from the events and files it writes.
+EMITTED = {
+    "world-size",  # run_start.world_size
+    "training-loss",  # step.loss
+    "global-grad-norm",  # step.grad_norm
+    "learning-rate",  # step.lr
+    "nonfinite-step-guard",  # detected[detector=nonfinite_guard]
+    "checkpoint-saved",  # checkpoint_saved
+    "layer-grad-norm",  # layer_stats ... grad_norm, and microscope.grad_norm
+    "activation-max",  # layer_stats ... act_max
+    "run-end-status",  # run_end.status
+    "heartbeats",  # heartbeats/rank-0.json
+    "update-ratio",  # microscope.update_ratio
+    "activation-histogram",  # microscope.act_hist
+}
+
+
+def write_run(run_dir: Path, omit: frozenset[str] = frozenset()) -> None:
+    """A small run: rank 0's journal, a heartbeat and one microscope chunk; ``omit`` leaves
+    out the named piece (an event kind, ``act_max``, ``heartbeat`` or ``act_hist``)."""
+    with JournalWriter(run_dir) as w:
+        w.emit("run_start", 0, world_size=1, pid=1, host="test", target_steps=3)
+        for step in (1, 2, 3):
+            w.emit("step", step, loss=5.0 - step / 10, grad_norm=1.0, lr=1e-3)
+        if "detected" not in omit:
+            w.emit("detected", 2, detector="nonfinite_guard")
+        # Another detector's claim is not the guard's, and a null figure is not a figure.
+        w.emit("detected", 2, detector="some_other_detector")
+        act_max = None if "act_max" in omit else 3.5
+        w.emit("layer_stats", 2, layers={"blocks.0": {"grad_norm": 0.5, "act_max": act_max}})
+        w.emit("checkpoint_saved", 3, path=str(run_dir / "checkpoints" / "step-00000003"))
+        w.emit("run_end", 3, status="completed")
+    if "heartbeat" not in omit:
+        beat = RunLayout(run_dir).heartbeat_file(0)
+        beat.parent.mkdir(parents=True)
+        beat.write_text('{"step": 3}')
+    layers = ["embedding", "blocks.0"]
+    writer = MicroscopeWriter(run_dir, rank=0, restart=0, layers=layers)
+    hist = np.zeros((2, len(histogram(np.zeros(1)))), dtype=np.int64)
+    if "act_hist" not in omit:
+        hist = np.stack([histogram(np.array([0.1, 2.0, 0.0])) for _ in layers])
+    nan = np.full(2, np.nan, dtype=np.float32)
+    writer.add(
+        Record(
+            step=2,
+            why=1,
+            wall=1.0,
+            grad_norm=np.array([0.3, 0.5], dtype=np.float32),
+            weight_norm=nan,  # not measured at this record
+            update_ratio=np.array([1e-3, np.nan], dtype=np.float32),
+            act_hist=hist,
+            allreduce_ms=math.nan,  # one rank: no all-reduce
+        )
+    )
+    writer.flush()
+
+
+def emitted(run_dir: Path) -> set[str]:
+    return {r.item.name for r in check_run(run_dir).emitted}
+
+
+def test_the_catalogue_has_50_items_grounded_in_what_exists() -> None:
+    items = catalogue()
+    assert len(items) >= 50
+    assert len({i.name for i in items}) == len(items)
+    known = set(kinds())
+    for item in items:
+        assert set(item.faults) <= known, item.name
+        for e in item.evidence:
+            if e.source == "journal" and e.path:
+                assert field_spec(e.name, e.path[0]) is not None, item.name
+    # Items this project can show must dominate; every fault kind exercises some item.
+    assert sum(i.showable for i in items) > 0.8 * len(items)
+    assert known == {k for i in items for k in i.faults}
+
+
+def test_file_evidence_names_run_layout_paths() -> None:
+    layout = RunLayout("r")
+    for attribute, _pattern in FILE_EVIDENCE.values():
+        assert isinstance(getattr(layout, attribute), Path)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("stepp.loss", "nor a journal event kind"),
+        ("step.loss_scal", "no field 'loss_scal'"),
+        ("detected[detectr=x]", "no field 'detectr'"),
+        ("file:nowhere", "unknown file"),
+        ("microscope.grad", "unknown microscope array"),
+    ],
+)
+def test_bad_evidence_is_refused_naming_it(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_evidence(text)
+
+
+def test_a_bad_entry_is_refused_with_its_item_and_field() -> None:
+    good = {
+        "name": "a-b",
+        "title": "A title",
+        "group": "loss",
+        "signal": "Something measured",
+        "why": "Because it matters to a team.",
+        "faults": [],
+        "evidence": "step.loss",
+    }
+    parse_catalogue([good])
+    with pytest.raises(ChecklistError, match=r"item 0 \(a-b\)\.faults.*no_such_fault"):
+        parse_catalogue([{**good, "faults": ["no_such_fault"]}])
+    with pytest.raises(ChecklistError, match=r"item 1 \(x\)\.group.*unknown group"):
+        parse_catalogue([good, {**good, "name": "x", "group": "vibes"}])
+    with pytest.raises(ChecklistError, match="two items are named 'a-b'"):
+        parse_catalogue([good, good])
+    with pytest.raises(ChecklistError, match="evidence"):
+        parse_catalogue([{**good, "evidence": []}])
+
+
+def test_a_run_emits_exactly_the_items_whose_evidence_is_on_disk(tmp_path: Path) -> None:
+    write_run(tmp_path)
+    result = check_run(tmp_path)
+    assert {r.item.name for r in result.emitted} == EMITTED
+    # evidence: none is never emitted, whatever the run holds.
+    assert not any(r.emitted for r in result.results if not r.item.showable)
+    found = {r.item.name: r for r in result.results}
+    guard = found["nonfinite-step-guard"].found
+    assert [(f.evidence, f.count) for f in guard] == [("detected[detector=nonfinite_guard]", 1)]
+    assert found["heartbeats"].found[0].detail == "heartbeats/rank-0.json"
+
+
+@pytest.mark.parametrize(
+    ("omit", "flips"),
+    [
+        ("detected", "nonfinite-step-guard"),
+        ("act_max", "activation-max"),
+        ("heartbeat", "heartbeats"),
+        ("act_hist", "activation-histogram"),
+    ],
+)
+def test_removing_the_evidence_flips_its_item(tmp_path: Path, omit: str, flips: str) -> None:
+    write_run(tmp_path, frozenset({omit}))
+    assert emitted(tmp_path) == EMITTED - {flips}
+
+
+def test_not_a_run_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ChecklistError, match="not a run directory"):
+        check_run(tmp_path)
+
+
+def test_docs_checklist_is_written_from_the_catalogue() -> None:
+    page = (ROOT / "docs" / "checklist.md").read_text(encoding="utf-8")
+    assert page == docs.render(), "regenerate: python -m harness.checklist.docs > docs/checklist.md"
+    for item in catalogue():
+        assert f"| `{item.name}` |" in page
