@@ -4,6 +4,7 @@ items whose evidence is on disk, and docs/checklist.md is the catalogue's."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,19 @@ def test_docs_checklist_is_written_from_the_catalogue() -> None:
     assert page == docs.render(), "regenerate: python -m harness.checklist.docs > docs/checklist.md"
     for item in catalogue():
         assert f"| `{item.name}` |" in page
+
+
+def test_every_named_detector_and_action_is_one_the_docs_list() -> None:
+    # The claims column of docs/stability.md and the detectors of docs/detectors.md name
+    # every detector and recovery action the reference trainer journals.
+    docs_text = "".join((ROOT / "docs" / n).read_text() for n in ("stability.md", "detectors.md"))
+    named = [
+        e.match[1]
+        for item in catalogue()
+        for e in item.evidence
+        if e.match is not None and e.match[0] in ("detector", "action")
+    ]
+    assert len(named) > 25
+    words = {w for span in re.findall(r"`([^`]+)`", docs_text) for w in re.findall(r"\w+", span)}
+    unknown = [n for n in named if n not in words]
+    assert not unknown, f"not a detector or action of docs/stability.md: {unknown}"
