@@ -78,6 +78,8 @@ def test_checklist_counts_come_from_the_kinds_and_the_runs(tmp_path: Path) -> No
     cov = coverage(result, tmp_path)
     assert cov.exercised == len(exercised) and cov.items == len(catalogue())
     assert (cov.emitted, cov.runs_read) == (len(EMITTED_BY_MAKE_SUITE), 2)  # runs/missing: none
+    assert cov.exercised_emitted == len(EMITTED_BY_MAKE_SUITE & exercised)
+    assert 0 < len(EMITTED_BY_MAKE_SUITE & exercised) < len(EMITTED_BY_MAKE_SUITE)
     assert coverage(result).emitted is None  # no root given: runs not read
 
 

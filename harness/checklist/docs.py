@@ -25,6 +25,12 @@ For a run directory each item is **emitted** when any of its evidence is found o
 
 {evidence}
 
+A detector's or a recovery's item is emitted only when it fired: a clean run shows the
+signals it records all the time (loss, gradient norms, checkpoints, the microscope), and a
+faulted one the claims its fault gave rise to. A tiny reference-trainer run of 30 clean
+steps on one rank emitted 27 of the 85 items (`python -m reference_trainer --run-dir R
+--steps 30`, then `tightrope checklist R`; 2026-12-01).
+
 For a suite file an item is **exercised** when some scenario injects one of its fault
 kinds; the items no scenario exercises are what the suite's monitoring misses. An item with
 no fault kind (`faults: -` below) is one no fault of this project exercises: every suite

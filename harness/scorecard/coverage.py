@@ -60,6 +60,8 @@ class Coverage:
     exercised: int
     emitted: int | None  # None: the runs were not read
     runs_read: int = 0
+    #: Items exercised by the suite's fault kinds and emitted by some run (None: not read).
+    exercised_emitted: int | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -99,6 +101,7 @@ def coverage(result: SuiteResult, journal_root: Path | None = None) -> Coverage:
         notes.append("a command trainer's mechanisms are its own: counted as unknown")
     suite = check_scenarios(result.suite, listed)
     emitted: int | None = None
+    both: int | None = None
     runs_read = 0
     if journal_root is not None:
         seen: set[str] = set()
@@ -113,6 +116,7 @@ def coverage(result: SuiteResult, journal_root: Path | None = None) -> Coverage:
             runs_read += 1
             seen.update(x.item.name for x in checked.emitted)
         emitted = len(seen)
+        both = len(seen & {x.item.name for x in suite.exercised})
     ranked = sorted(rows.values(), key=lambda row: order.get(row.kind, len(order)))
     return Coverage(
         rows=ranked,
@@ -120,13 +124,15 @@ def coverage(result: SuiteResult, journal_root: Path | None = None) -> Coverage:
         exercised=len(suite.exercised),
         emitted=emitted,
         runs_read=runs_read,
+        exercised_emitted=both,
         notes=notes,
     )
 
 
 def _counts_line(cov: Coverage) -> str:
     emitted = (
-        f"{cov.emitted} emitted by its {cov.runs_read} run(s) read"
+        f"{cov.emitted} emitted by its {cov.runs_read} run(s) read, "
+        f"{cov.exercised_emitted} of them among those exercised"
         if cov.emitted is not None
         else "emitted: runs not read"
     )
