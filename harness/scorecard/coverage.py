@@ -193,7 +193,8 @@ def coverage_html(result: SuiteResult, journal_root: Path | None = None) -> str:
     notes = "".join(f"<p class='note'>{escape(n)}</p>" for n in cov.notes)
     counts = escape(_counts_line(cov).replace("`", ""))
     return (
-        '<section class="coverage" id="coverage" style="margin-top:1.5em"><h2>Coverage: fault kinds × mechanisms</h2>'
+        '<section class="coverage" id="coverage" style="margin-top:1.5em">'
+        "<h2>Coverage: fault kinds × mechanisms</h2>"
         f"<p id='checklist-counts'>{counts}</p>"
         "<p class='note'>Each cell: scenarios that injected the fault kind with the mechanism "
         "on (·: never).</p>"
