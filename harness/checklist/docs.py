@@ -29,7 +29,13 @@ A detector's or a recovery's item is emitted only when it fired: a clean run sho
 signals it records all the time (loss, gradient norms, checkpoints, the microscope), and a
 faulted one the claims its fault gave rise to. A tiny reference-trainer run of 30 clean
 steps on one rank emitted 27 of the 85 items (`python -m reference_trainer --run-dir R
---steps 30`, then `tightrope checklist R`; 2026-12-01).
+--steps 30`, then `tightrope checklist R`; 2026-12-01). An item a fault kind exercises is not
+always emitted when it is injected: of the 17 items `inf_grad` exercises, core's
+`inf-grad-persistent` (fp32, one rank)
+emitted 9, since the loss-scale items need fp16 and `gave-up` a recovery that ran out; of
+the 11 `bitflip` exercises, `weight-bitflip` emitted 8 (the replica items need two ranks)
+(`tightrope run scenarios/core.yaml -k "inf-grad-persistent or weight-bitflip"`, then
+`tightrope checklist` on each run directory).
 
 For a suite file an item is **exercised** when some scenario injects one of its fault
 kinds; the items no scenario exercises are what the suite's monitoring misses. An item with
