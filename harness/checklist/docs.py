@@ -32,7 +32,8 @@ steps on one rank emitted 27 of the 85 items (`python -m reference_trainer --run
 --steps 30`, then `tightrope checklist R`; 2026-12-01). An item a fault kind exercises is not
 always emitted when it is injected: of the 17 items `inf_grad` exercises, core's
 `inf-grad-persistent` (fp32, one rank) emitted 9, since the loss-scale items need fp16 and
-`gave-up` a recovery that ran out; of the 11 `bitflip` exercises, `weight-bitflip` emitted 8 (the replica items need two ranks)
+`gave-up` a recovery that ran out; of the 11 `bitflip` exercises, `weight-bitflip` emitted 8
+(the replica items need two ranks)
 (`tightrope run scenarios/core.yaml -k "inf-grad-persistent or weight-bitflip"`, then
 `tightrope checklist` on each run directory).
 
