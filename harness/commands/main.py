@@ -16,6 +16,7 @@ from faults import FAULT_CLASSES, FaultSpec, kinds
 from faults.registry import FaultKind
 from faults.spec import TRIGGERS
 from harness import __version__
+from harness.commands.export import add_commands as add_export_commands
 from harness.commands.json_output import (
     emit_json,
     faults_document,
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_review_commands(commands)
     add_soak_commands(commands)
     add_sweep_commands(commands)
+    add_export_commands(commands)
     return parser
 
 
