@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from harness.commands.main import main
 from harness.exports.tensorboard_points import BUCKET_LIMITS, tensorboard_buckets
@@ -198,7 +199,7 @@ def test_histograms_keep_every_recorded_count(run_dir: Path, tmp_path: Path):
 
 def test_each_value_falls_in_the_bucket_tensorboard_draws_it_in():
     lower = [0.0, 0.0, *BUCKET_LIMITS[1:-1]]
-    for v in (0.0, -0.0, 1e-12, 5e-8, -3e-5, 0.99, 1.0, 7e7, 99999999.0):
+    for v in (0.0, -0.0, 1e-12, 5e-8, -3e-5, 0.99, 1.0, 7e7, 9e7):
         hist, nonfinite = tensorboard_buckets(histogram(np.array([v])), "t", 0, None)
         assert hist is not None and nonfinite == 0
         (bucket,) = np.flatnonzero(hist.bucket_counts)
@@ -300,3 +301,65 @@ def test_an_output_that_is_a_file_is_refused(run_dir: Path, tmp_path: Path):
     (tmp_path / "tb").write_text("not a folder")
     code, _, stderr = tightrope("export", str(run_dir), "--tensorboard", str(tmp_path / "tb"))
     assert code == 2 and "is not a folder" in stderr
+
+
+@pytest.mark.slow
+def test_a_reference_run_reads_back_as_it_was_recorded(tmp_path: Path):
+    from tests.conftest import run_module
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("faults:\n  - {kind: nan_grad, at_step: 12}\n")
+    run = tmp_path / "run"
+    argv = ["-m", "reference_trainer", "--preset", "tiny", "--steps", "20"]
+    argv += ["--precision", "fp16", "--fault-plan", str(plan), "--run-dir", str(run)]
+    proc = run_module(*argv, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "tb"
+    export(run, out)
+    board = read_back(out / "rank-0")
+    steps = read_journal(run).steps(0)
+    for name in ("loss", "lr", "loss_scale", "grad_norm"):
+        points = board.Scalars(f"train/{name}")
+        want = {s: e.get(name) for s, e in steps.items() if e.get(name) is not None}
+        assert {p.step: p.value for p in points}.keys() == want.keys(), name
+        np.testing.assert_array_equal(
+            [p.value for p in points], [f32(want[p.step]) for p in points], err_msg=name
+        )
+    microscope = read_microscope(run)
+    series = microscope.ranks[0]
+    assert 12 in series.steps.tolist() and len(series) > 2  # periodic and around the fault
+    for i, layer in enumerate(microscope.layers):
+        taken = series.act_hist[:, i].sum(axis=1) > 0
+        hists = board.Histograms(f"act_hist/{layer}")
+        assert len(hists) == taken.sum() > 0
+        extra = [p.value for p in board.Scalars(f"act_nonfinite/{layer}")]
+        recorded = series.act_hist[taken, i].sum(axis=1).tolist()
+        assert [sum(h.histogram_value.bucket) + x for h, x in zip(hists, extra, strict=True)] == (
+            recorded
+        )
+        grads = {p.step: p.value for p in board.Scalars(f"grad_norm/{layer}")}
+        assert grads[12] == np.inf  # every gradient was NaN at the fault
+    faults = board.Tensors("events/faults/text_summary")
+    assert [t.step for t in faults] == [12]
+    assert "nan_grad" in faults[0].tensor_proto.string_val[0].decode()
+
+
+def test_a_long_run_shows_progress_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import harness.commands.export as command
+
+    run = tmp_path / "run"
+    with JournalWriter(run, rank=0) as journal:
+        for step in range(1, 1201):
+            journal.emit("step", step, loss=1.0 / step, lr=1e-3)
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=100)
+    monkeypatch.setattr(command, "command_console", lambda: terminal)
+    stdout = export(run, tmp_path / "tb")
+    assert "2400/2400" in screen.getvalue() and "exporting" in screen.getvalue()
+    assert "scalars     2400" in stdout
+    short = tmp_path / "short"
+    with JournalWriter(short, rank=0) as journal:
+        journal.emit("step", 1, loss=1.0)
+    screen.truncate(0)
+    export(short, tmp_path / "tb-short")
+    assert "exporting" not in screen.getvalue()  # a short export draws no bar

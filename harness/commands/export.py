@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from harness.commands.tables import command_console
 from harness.exports.tensorboard import ExportCounts, export_tensorboard
@@ -52,10 +59,10 @@ def _export(args: argparse.Namespace) -> int:
         transient=True,
         disable=not console.is_terminal,
     )
-    task = progress.add_task("export", total=None)
+    task: list[TaskID] = []  # made once the total is known, so its clock starts then
 
     def on_total(total: int) -> None:
-        progress.update(task, total=total)
+        task.append(progress.add_task("export", total=total))
         if total >= _BAR_FROM:
             progress.start()
 
@@ -64,7 +71,7 @@ def _export(args: argparse.Namespace) -> int:
             args.run_dir,
             args.tensorboard,
             on_total=on_total,
-            on_point=lambda: progress.advance(task),
+            on_point=lambda: progress.advance(task[0]),
         )
     finally:
         progress.stop()

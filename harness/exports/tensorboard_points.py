@@ -54,6 +54,8 @@ TEXT_TAGS: dict[str, str] = {
     "rank_lost": "events/recoveries",
     "checkpoint_rejected": "events/recoveries",
 }
+#: The most characters of an event's other fields a text shows (the journal keeps them all).
+TEXT_CHARS = 600
 #: The microscope's per-layer series exported as scalars ``NAME/LAYER``.
 LAYER_SERIES: tuple[str, ...] = ("grad_norm", "weight_norm", "update_ratio")
 
@@ -214,7 +216,10 @@ def describe(event: Event) -> str:
     elif main is not None and main in event.fields:
         head += f" `{event.fields[main]}`"
     rest = {k: v for k, v in event.fields.items() if k != main}
-    tail = f" {json.dumps(rest, sort_keys=True, default=str)}" if rest else ""
+    tail = json.dumps(rest, sort_keys=True, default=str) if rest else ""
+    if len(tail) > TEXT_CHARS:  # a fault's list of every parameter it hit, say
+        tail = f"{tail[:TEXT_CHARS]}... ({len(tail)} characters; the journal has them all)"
+    tail = f" {tail}" if tail else ""
     return f"{head}{tail} (step {event.step}, rank {event.rank}, restart {event.restart})"
 
 
