@@ -34,6 +34,8 @@ event_accumulator = pytest.importorskip(
 LAYERS = ["embed", "blocks.0", "blocks.1"]
 STEPS = 12
 FAULT_STEP = 6
+#: Each TensorBoard bucket's lower edge (docs/exports.md): zeros, then the previous limit.
+LOWER_EDGES = [0.0, 0.0, *BUCKET_LIMITS[1:-1]]
 
 
 def tightrope(*argv: str) -> tuple[int, str, str]:
@@ -187,8 +189,13 @@ def test_histograms_keep_every_recorded_count(run_dir: Path, tmp_path: Path):
                 hists, nonfinite, series.act_hist[taken, i], strict=True
             ):
                 value = hist.histogram_value
-                assert list(value.bucket_limit) == list(BUCKET_LIMITS)
-                assert list(value.bucket) == counts[:-1].tolist()
+                drawn = dict(zip(value.bucket_limit, value.bucket, strict=True))
+                recorded = dict(zip(BUCKET_LIMITS, counts[:-1].tolist(), strict=True))
+                assert drawn.keys() <= recorded.keys()
+                assert {k: v for k, v in recorded.items() if v} == {
+                    k: v for k, v in drawn.items() if v
+                }
+                assert value.min == LOWER_EDGES[BUCKET_LIMITS.index(value.bucket_limit[0])]
                 assert sum(value.bucket) + extra.value == counts.sum() == 500
                 assert value.num == counts[:-1].sum()
     # embed was not taken at step 4: no histogram there, rather than an empty one
@@ -198,16 +205,17 @@ def test_histograms_keep_every_recorded_count(run_dir: Path, tmp_path: Path):
 
 
 def test_each_value_falls_in_the_bucket_tensorboard_draws_it_in():
-    lower = [0.0, 0.0, *BUCKET_LIMITS[1:-1]]
     for v in (0.0, -0.0, 1e-12, 5e-8, -3e-5, 0.99, 1.0, 7e7, 9e7):
         hist, nonfinite = tensorboard_buckets(histogram(np.array([v])), "t", 0, None)
         assert hist is not None and nonfinite == 0
-        (bucket,) = np.flatnonzero(hist.bucket_counts)
-        assert lower[bucket] <= abs(v) <= BUCKET_LIMITS[bucket], (v, bucket)
-        assert (hist.min, hist.max) == (lower[bucket], BUCKET_LIMITS[bucket])
+        assert hist.bucket_counts == (1,)  # one value: one bucket, the empty ones left out
+        bucket = BUCKET_LIMITS.index(hist.bucket_limits[0])
+        assert LOWER_EDGES[bucket] <= abs(v) <= BUCKET_LIMITS[bucket], (v, bucket)
+        assert (hist.min, hist.max) == (LOWER_EDGES[bucket], BUCKET_LIMITS[bucket])
     for v in (1e8, -2e12):  # overflow: the one bucket above 1e8
         hist, _ = tensorboard_buckets(histogram(np.array([v])), "t", 0, None)
-        assert hist is not None and hist.bucket_counts[-1] == 1 == sum(hist.bucket_counts)
+        assert hist is not None and hist.bucket_limits == (BUCKET_LIMITS[-1],)
+        assert hist.bucket_counts == (1,) and hist.min == 1e8
     only_nan, count = tensorboard_buckets(histogram(np.array([np.nan, np.inf])), "t", 0, None)
     assert only_nan is None and count == 2
     with pytest.raises(ValueError, match="expected 35 bin counts"):

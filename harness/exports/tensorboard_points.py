@@ -127,8 +127,9 @@ def tensorboard_buckets(
     """One record's bin counts as a TensorBoard histogram (None when no value was finite)
     and the count of non-finite values, which TensorBoard's axis has no place for.
 
-    ``min`` and ``max`` are the edges of the outermost non-empty buckets; ``sum`` and
-    ``sum_squares`` are estimates from each bucket's middle (the bins keep no exact values).
+    Only the buckets from the first non-empty one to the last are written (the others are
+    empty); ``min`` and ``max`` are their outer edges, ``sum`` and ``sum_squares`` estimates
+    from each bucket's middle (the bins keep no exact values).
     """
     counts = np.asarray(counts, dtype=np.int64)
     if counts.shape != (N_BINS,):
@@ -138,17 +139,20 @@ def tensorboard_buckets(
     if num == 0:
         return None, nonfinite
     filled = np.flatnonzero(finite)
+    # From the first non-empty bucket to the last: TensorBoard takes ``min`` as the lower
+    # edge of the first bucket, which an empty zero bucket below it would contradict.
+    first, last = int(filled[0]), int(filled[-1]) + 1
     histogram = Histogram(
         tag=tag,
         step=step,
         wall=wall,
-        min=float(_LOWER_EDGES[filled[0]]),
-        max=float(_UPPER_EDGES[filled[-1]]),
+        min=float(_LOWER_EDGES[first]),
+        max=float(_UPPER_EDGES[last - 1]),
         num=num,
         sum=float((finite * _MIDDLES).sum()),
         sum_squares=float((finite * _MIDDLES**2).sum()),
-        bucket_limits=BUCKET_LIMITS,
-        bucket_counts=tuple(int(c) for c in finite),
+        bucket_limits=BUCKET_LIMITS[first:last],
+        bucket_counts=tuple(int(c) for c in finite[first:last]),
     )
     return histogram, nonfinite
 
@@ -211,12 +215,16 @@ def describe(event: Event) -> str:
     }.get(event.kind)
     head = f"**{event.kind}**"
     if event.kind == "diagnosed":
+        main = "layers"
         layers = ", ".join(str(x) for x in event.get("layers") or []) or "no single layer"
         head += f" `{layers}`"
     elif main is not None and main in event.fields:
         head += f" `{event.fields[main]}`"
-    rest = {k: v for k, v in event.fields.items() if k != main}
-    tail = json.dumps(rest, sort_keys=True, default=str) if rest else ""
+    # the short fields first, so a long ``details`` cut short loses none of them
+    rest = {k: v for k, v in event.fields.items() if k not in (main, "details")}
+    if "details" in event.fields:
+        rest["details"] = event.fields["details"]
+    tail = json.dumps(rest, default=str) if rest else ""
     if len(tail) > TEXT_CHARS:  # a fault's list of every parameter it hit, say
         tail = f"{tail[:TEXT_CHARS]}... ({len(tail)} characters; the journal has them all)"
     tail = f" {tail}" if tail else ""
