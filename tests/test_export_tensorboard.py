@@ -371,3 +371,12 @@ def test_a_long_run_shows_progress_on_a_terminal(tmp_path: Path, monkeypatch: py
     screen.truncate(0)
     export(short, tmp_path / "tb-short")
     assert "exporting" not in screen.getvalue()  # a short export draws no bar
+
+
+def test_a_microscope_of_a_newer_format_is_refused(run_dir: Path, tmp_path: Path):
+    chunk = next((run_dir / "microscope" / "rank-0").glob("*.npz"))
+    with np.load(chunk, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    np.savez_compressed(chunk, **{**arrays, "format": np.array(99)})
+    code, _, stderr = tightrope("export", str(run_dir), "--tensorboard", str(tmp_path / "tb"))
+    assert code == 2 and "microscope format 99 is newer" in stderr

@@ -84,7 +84,7 @@ def _export(args: argparse.Namespace) -> int:
 def _report(counts: ExportCounts) -> None:
     ranks = ", ".join(str(r) for r in counts.ranks) or "none"
     replaced = f" (replaced {counts.replaced} earlier event files)" if counts.replaced else ""
-    print(f"wrote {counts.out_dir}{replaced}")
+    print(f"wrote {counts.out_dir}: {counts.points} points{replaced}")
     print(f"ranks       {ranks}")
     print(f"scalars     {counts.scalars}")
     print(f"histograms  {counts.histograms}")

@@ -19,7 +19,7 @@ from typing import Any
 from harness.errors import TightropeError
 from harness.exports.tensorboard_points import Histogram, Point, Scalar, Text, collect
 from harness.records.journal import read_journal
-from harness.records.microscope_file import read_microscope
+from harness.records.microscope_file import MicroscopeFileError, read_microscope
 
 INSTALL_HINT = (
     "the TensorBoard export needs the tensorboard package: "
@@ -74,7 +74,10 @@ def export_tensorboard(
     journal = read_journal(run_dir, warn=False)
     # An unreadable chunk is skipped with a warning naming it (the reader has no quiet
     # mode; the warning is the one report of it).
-    microscope = read_microscope(run_dir)
+    try:
+        microscope = read_microscope(run_dir)
+    except MicroscopeFileError as exc:  # written by a newer tightrope
+        raise ExportError(str(exc)) from exc
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ExportError(f"--tensorboard {out}: exists and is not a folder")
