@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from harness.errors import TightropeError
-from harness.integrations.chaostoolkit import actions, background, probes
+from harness.integrations.chaostoolkit import actions, probes
 from harness.records.journal import JournalWriter
 from harness.run_layout import RunLayout
+from harness.running import background
 from harness.running.process_tree import descendants, marked
 from harness.scorecard.jsonio import dumps_scorecard
 

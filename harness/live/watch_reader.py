@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import JournalError
-from harness.integrations.chaostoolkit import background
-from harness.records.journal import Event, Journal, _decode_line
+from harness.records.journal import Event, Journal, decode_line
 from harness.records.microscope_file import Microscope, read_microscope
 from harness.records.status import JobStatus, job_status
 from harness.run_layout import RunLayout
+from harness.running import background
 
 _FILE_PATTERN = re.compile(r"rank-(\d+)\.jsonl")
 #: Recent losses kept for the sparkline, and step times for the median.
@@ -71,7 +71,7 @@ class JournalTail:
             if not raw.strip():
                 continue
             try:
-                events.append(_decode_line(raw.decode("utf-8"), self.path, lineno))
+                events.append(decode_line(raw.decode("utf-8"), self.path, lineno))
             except (ValueError, UnicodeDecodeError):
                 self.torn += 1
         self.offset += end + 1

@@ -149,7 +149,8 @@ class Event:
         return self.fields[name]
 
 
-def _decode_line(raw: str, path: Path, lineno: int) -> Event:
+def decode_line(raw: str, path: Path, lineno: int) -> Event:
+    """One journal line as an event (raises ValueError or JournalError for a bad one)."""
     record = json.loads(raw)
     if not isinstance(record, dict):
         raise ValueError("not a JSON object")
@@ -209,7 +210,7 @@ def _read_file(path: Path) -> tuple[list[Event], list[str]]:
         if not raw.strip():
             continue
         try:
-            events.append(_decode_line(raw.decode("utf-8"), path, lineno))
+            events.append(decode_line(raw.decode("utf-8"), path, lineno))
         except (ValueError, UnicodeDecodeError) as exc:
             where = "last line" if lineno == len(lines) else f"line {lineno}"
             skipped.append(

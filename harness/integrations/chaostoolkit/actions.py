@@ -22,10 +22,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.errors import JournalError, TightropeError
-from harness.integrations.chaostoolkit import background
 from harness.live.control import ControlError, send, wait_for_answer
 from harness.records.journal import Event, read_journal
 from harness.run_layout import RunLayout
+from harness.running import background
 from harness.running.launch import log_tail, reference_command, trainer_env
 from harness.suites.scenario import TrainerSpec
 

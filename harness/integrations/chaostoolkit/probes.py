@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.integrations.chaostoolkit import background
 from harness.oracles.timeline import corroborated, faults
 from harness.records.journal import Journal, json_safe, read_journal
 from harness.records.status import job_status
 from harness.run_layout import RunLayout
+from harness.running import background
 from harness.scorecard.jsonio import load_scorecard
 
 
