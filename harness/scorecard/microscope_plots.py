@@ -34,7 +34,7 @@ MAX_PANELS = 12
 # Where the ridgelines put each histogram bin on their x axis (log10 |activation|): the
 # 32 half-decade bins at their centres, then the three special bins set apart.
 _LOG_X = -7.75 + 0.5 * np.arange(32)
-_ZERO_X, _OVER_X, _NAN_X = -9.5, 9.25, 10.25
+_ZERO_X, _OVER_X, _NAN_X = -9.75, 9.5, 11.0
 _WHY_COLOUR = (
     (WHY_ANOMALY, "#d62728", "anomaly step"),
     (WHY_BEFORE, "#5b7fa6", "before the anomaly"),
@@ -123,8 +123,10 @@ def heatmap(
         fault_x = sorted({g.x_of(step) for step, _rank in marks.faults})
         recovery_x = sorted({g.x_of(step) for step in marks.recoveries})
         if fault_x:
-            ax.vlines(fault_x, -0.5, n_layers - 0.5, colors=FAULT, lw=1.2, alpha=0.8)
-            handles.append(_line(FAULT, "-", "fault injected"))
+            # Wide and translucent, below the recovery dashes: a fault recovered from at its
+            # own step still shows both.
+            ax.vlines(fault_x, -0.5, n_layers - 0.5, colors=FAULT, lw=3.5, alpha=0.6)
+            handles.append(_line(FAULT, "-", "fault injected", lw=3.5, alpha=0.6))
         if recovery_x:
             ax.vlines(recovery_x, -0.5, n_layers - 0.5, colors=RECOVERY, lw=1.2, linestyles="--")
             handles.append(_line(RECOVERY, "--", "recovered / restart / resume"))
@@ -140,10 +142,10 @@ def heatmap(
     return _render(plot_id, title, (9.0, height), draw)
 
 
-def _line(colour: str, style: str, label: str) -> Any:
+def _line(colour: str, style: str, label: str, lw: float = 1.4, alpha: float = 1.0) -> Any:
     from matplotlib.lines import Line2D
 
-    return Line2D([], [], color=colour, ls=style, lw=1.4, label=label)
+    return Line2D([], [], color=colour, ls=style, lw=lw, alpha=alpha, label=label)
 
 
 def _why_colour(why: int) -> str:
@@ -199,14 +201,14 @@ def ridgelines(
                     [str(series.steps[i]) for i in records],
                     fontsize=6.5,
                 )
-        for ax in axes[-1]:
+        for ax in axes.flat:
+            ax.tick_params(axis="x", labelbottom=True)  # every panel: rows above gaps too
             ax.set_xticks(
                 [_ZERO_X, -6, -3, 0, 3, 6, _OVER_X, _NAN_X],
                 ["0", "1e-6", "1e-3", "1", "1e3", "1e6", "≥1e8", "nan"],
                 fontsize=6.5,
-                rotation=60,
+                rotation=90,
             )
-        fig.supxlabel("|activation| (log10 bins; zero, overflow and non-finite apart)", fontsize=8)
         fig.supylabel("step", fontsize=8)
         # Fill only: a stroke of these colours is left to the bins that hold counts.
         handles = [
@@ -222,7 +224,8 @@ def ridgelines(
         ]
         fig.legend(handles=handles, loc="outside lower center", ncols=6, frameon=False)
 
-    return _render(plot_id, "Activation histograms", (9.0, height), draw)
+    title = "Activation histograms: |activation| in log10 bins; zero, overflow, nan/inf apart"
+    return _render(plot_id, title, (9.0, height), draw)
 
 
 def _ridge(ax: Any, series: RankSeries, layer: int, records: Sequence[int]) -> None:
@@ -241,12 +244,12 @@ def _ridge(ax: Any, series: RankSeries, layer: int, records: Sequence[int]) -> N
         for x, b, c in ((_ZERO_X, 0, "#7a7a7a"), (_OVER_X, 33, OVERFLOW), (_NAN_X, 34, NONFINITE)):
             if counts[j, b] > 0:
                 # Any count at all is shown: one overflowed value in a million is the finding.
-                top = y0 + max(h[b], 0.35)
+                top = y0 + max(h[b], 0.6)
                 ax.vlines(x, y0, top, colors=c, lw=2.2, zorder=z + 1)
                 ax.plot([x], [top], marker="o", ms=2.8, color=c, zorder=z + 1)
-    for x in (-8.75, 8.6):
+    for x in (-8.9, 8.75):
         ax.axvline(x, color="#bbbbbb", lw=0.6, ls=":")
-    ax.set_xlim(-10.3, 10.9)
+    ax.set_xlim(-10.6, 11.8)
     ax.set_ylim(-0.2, k + 0.9)
     ax.tick_params(axis="y", length=0)
 
