@@ -44,6 +44,7 @@ from reference_trainer.model_and_data.toxicity import ToxicityStage
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_monitor import LayerMonitor
+from reference_trainer.stability.layer_stats import layer_name
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
@@ -171,6 +172,9 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         blocks = {f"blocks.{i}": b for i, b in enumerate(model.blocks) if isinstance(b, Block)}
         monitor = ActivationMonitor(switching, blocks)
     agent.model, agent.optimizer = model, optimizer
+    agent.name_layers(layer_name)  # its own diagnosis's names: embedding, blocks.N, ln_f
+    if wrapped is not model:
+        agent.watch_data_parallel(wrapped)
     layer_monitor = None
     if cfg.stability.layer_stats.enabled or cfg.stability.underflow.enabled:
         layer_monitor = LayerMonitor(

@@ -11,6 +11,7 @@ from typing import Any
 
 from faults import FaultPlan
 from harness.inside.agent import Agent
+from harness.inside.microscope import MicroscopeOptions
 from harness.records.events import Detected, RankLost, Recovered, Restart
 from harness.run_layout import RunLayout
 from reference_trainer.build import build, seed_everything
@@ -89,7 +90,13 @@ class Run:
             run_dir.mkdir(parents=True, exist_ok=True)
         distributed.barrier(topo)
         self.agent = Agent(
-            run_dir, rank=topo.rank, world_size=topo.world_size, restart=topo.restart, plan=plan
+            run_dir,
+            rank=topo.rank,
+            world_size=topo.world_size,
+            restart=topo.restart,
+            plan=plan,
+            # The microscope records unless TIGHTROPE_MICROSCOPE=off says otherwise.
+            microscope=MicroscopeOptions.from_env(MicroscopeOptions(enabled=True)),
         )
         self.trainer = build(cfg, run_dir, topo, self.agent)
         recovery = cfg.stability.recovery

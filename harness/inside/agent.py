@@ -53,6 +53,7 @@ from faults import (
 from harness.inside.hooks import GradientHook
 from harness.inside.live_inbox import LiveInbox
 from harness.inside.metrics import MeteredJournal, Metrics, MetricsOptions
+from harness.inside.microscope import Microscope, MicroscopeOptions
 from harness.inside.process_group import broadcast_text
 from harness.inside.step_evidence import grads_finite, params_fingerprint, params_finite
 from harness.records.events import (
@@ -84,6 +85,7 @@ class Agent:
         check_params_every: int = 10,
         control: bool = True,
         metrics: MetricsOptions | None = None,
+        microscope: MicroscopeOptions | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
@@ -104,6 +106,14 @@ class Agent:
             self.metrics.replay(earlier)
             self.journal = MeteredJournal(self.run_dir, rank, restart, self.metrics)
             self.metrics.serve()
+        # The microscope (harness/inside/microscope.py): off unless asked for, here or by
+        # TIGHTROPE_MICROSCOPE.
+        seen = microscope if microscope is not None else MicroscopeOptions.from_env()
+        self.microscope = (
+            Microscope(seen, self.run_dir, rank=rank, world_size=world_size, restart=restart)
+            if seen.enabled
+            else None
+        )
         self.step = 0
         self._started = time.monotonic()
         self._injectors: list[tuple[FaultSpec, Injector[Any]]] = [
@@ -184,6 +194,8 @@ class Agent:
                 index = self._index[id(injector)]
                 if injector.waits_for_save() and index not in [i for i, _ in self._waiting]:
                     self._waiting.append((index, step))
+        if self.microscope is not None:  # after the faults' hooks: it sees what they did
+            self.microscope.begin_step(self.model, step)
 
     def file_saved(self, path: str) -> None:
         """The trainer saved ``path``: triggered faults waiting for a save act on it when the
@@ -242,6 +254,8 @@ class Agent:
         self._run(lambda inj, ctx: inj.after_backward(ctx))
         if self._injected_this_step and self.model is not None:
             self._broken_grads = not grads_finite(self.model)
+        if self.microscope is not None:
+            self.microscope.after_backward()
 
     def before_optimizer_step(self) -> None:
         """Just before ``optimizer.step``: gradients a fault left non-finite and that are
@@ -249,10 +263,14 @@ class Agent:
         if self._broken_grads and self.model is not None:
             self._repaired = grads_finite(self.model)
         self._run(lambda inj, ctx: inj.before_optimizer_step(ctx))
+        if self.microscope is not None:
+            self.microscope.before_update()
 
     def after_optimizer_step(self) -> None:
         """Just after ``optimizer.step``: the update happened."""
         self._updated = True
+        if self.microscope is not None:
+            self.microscope.after_update()
         self._run(lambda inj, ctx: inj.after_optimizer_step(ctx))
 
     def note_update(self, known: bool = True) -> None:
@@ -287,6 +305,10 @@ class Agent:
         if self.fingerprint_due and self.model is not None:
             observations["params_fingerprint"] = f"{params_fingerprint(self.model):016x}"
         self.journal.emit("step", self.step, **observations)
+        if self.microscope is not None:
+            broken = observations.get("params_finite") is False
+            anomaly = self._injected_this_step or broken or observations.get("skipped") is True
+            self.microscope.end_step(observations, anomaly)
 
     def end_step(self) -> None:
         """The step is over: file and process faults act, temporary changes are undone."""
@@ -315,6 +337,19 @@ class Agent:
         """Journal something the trainer reports about itself (detected, recovered, ...),
         at the current step unless ``step`` says otherwise."""
         self.journal.emit(claim.kind, self.step if step is None else step, **claim.fields())
+        if self.microscope is not None and claim.kind == "detected":
+            self.microscope.mark_anomaly()
+
+    def name_layers(self, layer_of: Callable[[str], str]) -> None:
+        """The trainer's own names for its layers (parameter name -> layer), for the
+        microscope's figures; without it, harness/inside/layer_figures.py decides."""
+        if self.microscope is not None:
+            self.microscope.layer_of = layer_of
+
+    def watch_data_parallel(self, wrapper: nn.Module) -> None:
+        """The trainer's DDP wrapper: the microscope times its bucket all-reduces."""
+        if self.microscope is not None:
+            self.microscope.watch_data_parallel(wrapper)
 
     def observe_layers(self, event: LayerStatsObserved) -> None:
         """Journal the per-layer statistics the trainer measured at this step."""
@@ -357,6 +392,8 @@ class Agent:
         journal."""
         extra = {"reason": reason} if reason else {}
         seconds = time.monotonic() - self._started
+        if self.microscope is not None:
+            self.microscope.close()
         self.journal.emit("run_end", self.step, status=status, seconds=seconds, **extra, **observed)
         self.journal.close()
 
@@ -386,6 +423,8 @@ class Agent:
         )
 
     def _record(self, records: list[Injection]) -> None:
+        if records and self.microscope is not None:
+            self.microscope.fault_injected()
         for record in records:
             self._injected_this_step = True
             details = dict(record.details)

@@ -18,8 +18,9 @@ Arrays of one chunk (``n`` records, ``L`` layers, ``B = len(BIN_LABELS)`` histog
 ``steps``          int64 [n]    the step each record describes
 ``why``            uint8 [n]    why it was recorded: a sum of the ``WHY_*`` flags
 ``wall``           float64 [n]  ``time.time()`` when it was recorded
-``grad_norm``      float32 [n,L]  L2 norm of the layer's gradients, before the optimizer step
-``weight_norm``    float32 [n,L]  L2 norm of its weights, before the update
+``grad_norm``      float32 [n,L]  L2 norm of the layer's gradients as backward left them
+                               (divided by the step's loss scale when it reports one)
+``weight_norm``    float32 [n,L]  L2 norm of its weights after the step
 ``update_ratio``   float32 [n,L]  ``||w_after - w_before|| / ||w_before||``
 ``act_hist``       int64 [n,L,B]  counts of ``|activation|`` per bin (all zero: not taken)
 ``allreduce_ms``   float32 [n]  time this rank spent in gradient all-reduces during the step
@@ -28,10 +29,12 @@ Arrays of one chunk (``n`` records, ``L`` layers, ``B = len(BIN_LABELS)`` histog
 ``probe_us``       float32 [m]  ... median round trip, microseconds
 =================  ===========  ===========================================================
 
-NaN means "not measured at this record"; infinities are kept (an overflowed gradient is a
-finding). Histogram bins are fixed, so they compare across steps, ranks and runs: exact
-zeros, then half-decade bins from 1e-8 to 1e8 (anything smaller but non-zero falls in the
-first), then finite values of at least 1e8, then non-finite values.
+NaN means "not measured at this record"; +inf means the figure is not finite (a layer with a
+NaN or infinite gradient has gradient norm +inf: a finding, not a gap). Histogram bins are
+fixed, so they compare across steps, ranks and runs: exact zeros, then half-decade bins from
+1e-8 to 1e8 (anything smaller but non-zero falls in the first), then finite values of at
+least 1e8, then non-finite values. A layer's output of more than 65,536 values is binned on
+an evenly strided sample of about that many.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ import numpy as np
 from harness.run_layout import RunLayout
 
 FORMAT = 1
+
+#: The switch of the recorder (harness/inside/microscope.py): ``on``, ``off`` or options.
+MICROSCOPE_ENV = "TIGHTROPE_MICROSCOPE"
 
 WHY_PERIODIC = 1  # every ``every`` steps
 WHY_BEFORE = 2  # in the window before an anomaly (kept in memory until one came)
@@ -320,16 +326,11 @@ def bytes_on_disk(run_dir: str | os.PathLike[str]) -> int:
 
 
 def histogram(values: np.ndarray) -> np.ndarray:
-    """Counts of ``|values|`` in the fixed bins (NumPy; the recorder has a torch twin)."""
-    x = np.abs(np.asarray(values, dtype=np.float64).ravel())
-    counts = np.zeros(N_BINS, dtype=np.int64)
-    finite = np.isfinite(x)
-    counts[-1] = int((~finite).sum())
-    x = x[finite]
-    counts[0] = int((x == 0).sum())
-    x = x[x > 0]
-    counts[-2] = int((x >= LOG_EDGES[-1]).sum())
-    x = x[x < LOG_EDGES[-1]]
-    index = np.clip(np.floor((np.log10(x) + 8.0) * 2.0).astype(np.int64), 0, 31)
-    counts[1:33] = np.bincount(index, minlength=32)
-    return counts
+    """Counts of ``|values|`` in the fixed bins (NumPy, every value; the recorder bins a
+    torch sample the same way, harness/inside/layer_figures.py)."""
+    x = np.abs(np.asarray(values, dtype=np.float32).ravel())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        index = np.clip(np.floor((np.log10(x) + 8.0) * 2.0), 0.0, 32.0) + 1.0
+    index = np.where(x == 0, 0.0, index)
+    index = np.where(np.isfinite(x), index, float(N_BINS - 1))
+    return np.bincount(index.astype(np.int64), minlength=N_BINS).astype(np.int64)

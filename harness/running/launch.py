@@ -23,6 +23,7 @@ from pathlib import Path
 
 from harness.errors import TightropeError
 from harness.mechanisms import LAUNCHER_MECHANISMS
+from harness.records.microscope_file import MICROSCOPE_ENV
 from harness.running.process_tree import MARK, kill_marked, kill_tree
 from harness.suites.scenario import TrainerSpec
 
@@ -238,9 +239,11 @@ def log_tail(log: Path, lines: int = _TAIL_LINES) -> str:
 
 
 def trainer_env(spec: TrainerSpec) -> dict[str, str]:
-    """The environment a trainer runs with: ours, one thread per rank, the spec's own."""
+    """The environment a trainer runs with: ours, one thread per rank, the microscope on,
+    the spec's own."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault(MICROSCOPE_ENV, "on")  # every scenario's views (docs/journal.md)
     env["PYTHONUNBUFFERED"] = "1"
     if spec.command is not None:
         # It runs elsewhere (trainer_cwd): `python -m pkg` still finds what it found here.

@@ -1,0 +1,118 @@
+"""Per-layer figures the microscope records: which parameters and modules make a layer, their
+gradient and weight norms, and the fixed-bin histogram of a layer's output.
+
+A *layer* is what a user would name: the module path up to and including the first numbered
+part (``blocks.3``, ``transformer.h.3``, ``net.0``), else the module that owns the parameter
+(``transformer.wte``, ``fc1``, ``ln_f``). A trainer may name its layers itself
+(`Agent.name_layers`): the reference trainer calls its token and position tables together
+``embedding``, as its own diagnosis does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from harness.records.microscope_file import N_BINS
+
+#: A layer's output of more values than this is histogrammed on an evenly strided sample of
+#: about this many: binning every value of every layer would cost a few per cent of a step.
+SAMPLE_VALUES = 1 << 16
+
+
+def default_layer(param_name: str) -> str:
+    """The layer of a parameter (or of a module, given ``path + ".x"``)."""
+    parts = param_name.split(".")[:-1] or param_name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts)
+
+
+@dataclass(slots=True)
+class Layers:
+    """A model's layers: names in forward order, their parameters, and the top-most modules
+    whose outputs are a layer's activations."""
+
+    names: list[str]
+    params: list[list[nn.Parameter]]
+    modules: dict[str, list[nn.Module]]
+
+    @classmethod
+    def of(cls, model: nn.Module, layer_of: Callable[[str], str]) -> Layers:
+        """Group ``model``'s parameters (each counted once: tied weights too) by layer."""
+        params: dict[str, list[nn.Parameter]] = {}
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                params.setdefault(layer_of(name), []).append(param)
+        modules: dict[str, list[nn.Module]] = {}
+        covered: list[str] = []
+        for path, module in model.named_modules():
+            if not path:
+                continue
+            layer = layer_of(path + ".x")
+            if layer not in params or any(path.startswith(c + ".") for c in covered):
+                continue
+            modules.setdefault(layer, []).append(module)
+            covered.append(path)
+        return cls(names=list(params), params=list(params.values()), modules=modules)
+
+
+def grad_norms(layers: Layers) -> np.ndarray:
+    """L2 norm of each layer's gradients (NaN for a layer with none)."""
+    out = np.full(len(layers.names), np.nan, dtype=np.float32)
+    for i, group in enumerate(layers.params):
+        grads = [p.grad for p in group if p.grad is not None]
+        if grads:
+            out[i] = _norm(grads)
+    return out
+
+
+def weight_norms(layers: Layers) -> np.ndarray:
+    """L2 norm of each layer's weights."""
+    return np.array([_norm([p.detach() for p in g]) for g in layers.params], dtype=np.float32)
+
+
+def snapshot(layers: Layers) -> list[list[torch.Tensor]]:
+    """A copy of every layer's weights (for the update ratio)."""
+    return [[p.detach().clone() for p in group] for group in layers.params]
+
+
+def update_ratios(layers: Layers, before: list[list[torch.Tensor]]) -> np.ndarray:
+    """``||w_after - w_before|| / ||w_before||`` per layer."""
+    out = np.full(len(layers.names), np.nan, dtype=np.float32)
+    for i, (group, old) in enumerate(zip(layers.params, before, strict=True)):
+        diff = _norm([p.detach() - o for p, o in zip(group, old, strict=True)])
+        base = _norm(old)
+        out[i] = diff / base if base > 0 and math.isfinite(base) else math.inf
+    return out
+
+
+def _norm(tensors: list[torch.Tensor]) -> float:
+    """L2 norm of all of them; +inf when any value is NaN or infinite (NaN in the
+    microscope's files means "not measured", and a NaN gradient is a finding)."""
+    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in tensors])
+    value = float(torch.linalg.vector_norm(torch.stack(norms)))
+    return value if not math.isnan(value) else math.inf
+
+
+def histogram(output: torch.Tensor) -> np.ndarray:
+    """Counts of ``|output|`` in the microscope's fixed bins (microscope_file.BIN_LABELS), on
+    at most about `SAMPLE_VALUES` evenly strided values."""
+    x = output.detach()
+    if not x.is_floating_point():
+        return np.zeros(N_BINS, dtype=np.int64)
+    x = x.reshape(-1)
+    if x.numel() > SAMPLE_VALUES:
+        x = x[:: x.numel() // SAMPLE_VALUES]
+    x = x.float().abs()
+    index = torch.log10(x).add_(8.0).mul_(2.0).floor_().clamp_(0.0, 32.0).add_(1.0)
+    index = torch.where(x == 0, 0.0, index)
+    index = torch.where(torch.isfinite(x), index, float(N_BINS - 1))
+    counts = torch.bincount(index.long(), minlength=N_BINS)
+    return counts.cpu().numpy().astype(np.int64)
