@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.records.journal import Journal, read_journal
+from harness.records.journal import Journal, JournalWriter, read_journal
 from harness.records.microscope_file import read_microscope
 from harness.running.results import ScenarioResult
 from harness.scorecard.microscope_figures import (
@@ -201,6 +201,23 @@ def test_recoveries_include_a_resume(tmp_path: Path) -> None:
     write_journal(tmp_path, fault_at=None, resume_at=40)
     marks = marks_from_journal(read_journal(tmp_path, warn=False))
     assert marks.recoveries == [40] and marks.faults == []
+
+
+def test_a_restart_journaled_at_step_0_is_marked_where_training_resumed(tmp_path: Path) -> None:
+    with JournalWriter(tmp_path) as w:
+        w.emit("run_start", 0, world_size=1, pid=1, host="test")
+        for step in range(1, 16):
+            w.emit("step", step, loss=1.0)
+        # The restarted process, before it knows its step; it resumes from step 10.
+        w.emit("run_start", 0, world_size=1, pid=2, host="test")
+        w.emit("restart", 0, count=1)
+        w.emit("checkpoint_loaded", 0, path="ckpt/step-10")
+        for step in range(11, 20):
+            w.emit("step", step, loss=1.0)
+    assert marks_from_journal(read_journal(tmp_path, warn=False)).recoveries == [10]
+    # Negative control: the first attempt alone (its run_start and steps) marks nothing.
+    first = Journal(list(read_journal(tmp_path, warn=False)[:16]))
+    assert marks_from_journal(first).recoveries == []
 
 
 def test_long_run_is_capped_in_columns_and_keeps_the_spike(tmp_path: Path) -> None:

@@ -51,17 +51,41 @@ class Marks:
     diagnoses: list[Diagnosis] = field(default_factory=list)
 
 
+RECOVERY_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "run_start"})
+
+
+def _recoveries(journal: Journal) -> list[int]:
+    """Steps of recoveries, restarts and resumes, each where training went on from.
+
+    A restarted process journals its ``run_start``, ``restart`` and ``checkpoint_loaded``
+    before it knows its step (they carry step 0); those are placed just before the next
+    step that rank journals (the checkpoint's step). A rank's first ``run_start`` is no
+    recovery.
+    """
+    steps: set[int] = set()
+    stepped: set[int] = set()  # ranks that journaled a step already
+    pending: set[int] = set()  # ranks with a recovery not placed yet
+    for e in journal:
+        if e.kind == "step":
+            if e.rank in pending:
+                pending.discard(e.rank)
+                steps.add(max(e.step - 1, 0))
+            stepped.add(e.rank)
+        elif e.kind in RECOVERY_KINDS:
+            if e.kind == "run_start" and e.rank not in stepped and e.step == 0:
+                continue
+            if e.step == 0 and e.rank in stepped:
+                pending.add(e.rank)
+            else:
+                steps.add(e.step)
+    if pending:  # never followed by a step: where they were written
+        steps.add(0)
+    return sorted(steps)
+
+
 def marks_from_journal(journal: Journal) -> Marks:
     """Faults injected (with the rank they hit), recoveries and restarts, diagnoses."""
     faults = sorted({(e.step, e.rank) for e in journal if e.kind == "fault_injected"})
-    recoveries = sorted(
-        {
-            e.step
-            for e in journal
-            if e.kind in ("recovered", "restart", "checkpoint_loaded")
-            or (e.kind == "run_start" and e.step > 0)  # a resume
-        }
-    )
     diagnoses = [
         Diagnosis(
             step=e.step,
@@ -72,7 +96,7 @@ def marks_from_journal(journal: Journal) -> Marks:
         for e in journal
         if e.kind == "diagnosed"
     ]
-    return Marks(faults=faults, recoveries=recoveries, diagnoses=diagnoses)
+    return Marks(faults=faults, recoveries=_recoveries(journal), diagnoses=diagnoses)
 
 
 def pick_rank(microscope: Microscope, marks: Marks) -> int:

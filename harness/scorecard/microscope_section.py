@@ -139,8 +139,9 @@ def _gradient_views(micro: Microscope, rank: int, marks: Marks, slug: str) -> li
                     marks,
                     sorted(rows),
                 ),
-                "Per-layer ||w_after - w_before|| / ||w_before|| on the same columns; a "
-                "skipped update leaves its column blank.",
+                "Per-layer ||w_after - w_before|| / ||w_before|| on the same columns; blank "
+                "where it was not measured (the recorder takes it at periodic records and "
+                "after an anomaly, not in the window before one) or zero (a skipped update).",
             )
         )
     records, around = ridge_records(series)
