@@ -19,13 +19,15 @@ from harness.records.microscope_file import read_microscope
 from harness.running.results import ScenarioResult
 from harness.scorecard.microscope_figures import (
     MAX_COLUMNS,
+    Diagnosis,
+    diagnosed_rows,
     grid,
     marks_from_journal,
     pick_rank,
     ridge_records,
 )
 from harness.scorecard.microscope_plots import DIAGNOSED, FAULT, NONFINITE
-from harness.scorecard.microscope_section import QUIET, microscope_section
+from harness.scorecard.microscope_section import QUIET, diagnosis_caption, microscope_section
 from tests.microscope_support import (
     BLOW_UP_STEP,
     HOT_LAYER,
@@ -241,3 +243,23 @@ def test_nonfinite_gradient_is_drawn_apart_with_a_legend_entry(tmp_path: Path) -
     hit = np.nonzero(np.abs(images[1] - magenta).sum(axis=2) < 10)
     assert [LAYERS[r] for r in hit[0]] == [HOT_LAYER]
     assert [int(series.steps[c]) for c in hit[1]] == [BLOW_UP_STEP]
+
+
+def test_caption_names_the_first_diagnosis_that_named_a_layer() -> None:
+    diagnoses = [
+        Diagnosis(step=12, rank=0, layers=[]),
+        Diagnosis(step=30, rank=1, layers=[HOT_LAYER], rule="largest_swing"),
+    ]
+    rows = diagnosed_rows(LAYERS, diagnoses)
+    assert [LAYERS[r] for r in rows] == [HOT_LAYER]
+    text = diagnosis_caption(rows, diagnoses, LAYERS)
+    assert f"rule largest_swing named {HOT_LAYER} at step 30 (and 1 other diagnosis)" in text
+    # A module name outlines the layers inside it; a name the microscope lacks, none.
+    assert [LAYERS[r] for r in diagnosed_rows(LAYERS, [Diagnosis(1, 0, ["blocks"])])] == [
+        "blocks.0",
+        "blocks.1",
+        "blocks.2",
+    ]
+    lost = [Diagnosis(1, 0, ["head"])]
+    assert diagnosed_rows(LAYERS, lost) == {}
+    assert "nothing is outlined" in diagnosis_caption({}, lost, LAYERS)

@@ -69,18 +69,21 @@ def _marks(run_dir: Path) -> tuple[Marks, list[str]]:
         return Marks(), [f"journal unreadable, so faults and recoveries are not marked: {exc}"]
 
 
-def _diagnosis_caption(
+def diagnosis_caption(
     rows: dict[int, Diagnosis], diagnoses: list[Diagnosis], layers: list[str]
 ) -> str:
+    """The caption's words on the trainer's diagnoses ("" when there were none)."""
     if not diagnoses:
         return ""
-    first = diagnoses[0]
-    later = len(diagnoses) - 1
-    more = f" (and {plural(later, 'later diagnosis')})" if later else ""
+    # The first diagnosis that named a layer leads; one that named none only when all did.
+    first = next((d for d in diagnoses if d.layers), diagnoses[0])
+    others = len(diagnoses) - 1
+    more = f" (and {others} other diagnos{'is' if others == 1 else 'es'})" if others else ""
+    rule = f" by its rule {first.rule}" if first.rule else ""
     if not first.layers:
         return (
-            f" The trainer's diagnosis at step {first.step} named no layer (a cause that "
-            f"reached every layer alike){more}; it is the trainer's claim."
+            f" The trainer's diagnosis at step {first.step}{rule} named no layer (a cause "
+            f"that reached every layer alike){more}; it is the trainer's claim."
         )
     named = ", ".join(first.layers)
     shown = sorted({layers[r] for r in rows})
@@ -90,7 +93,7 @@ def _diagnosis_caption(
         else "; the microscope recorded no layer of that name, so nothing is outlined"
     )
     return (
-        f" The trainer's diagnosis named {named} at step {first.step}{more}{where}. "
+        f" The trainer's diagnosis{rule} named {named} at step {first.step}{more}{where}. "
         "It is the trainer's claim, not a verdict of this harness."
     )
 
@@ -110,7 +113,7 @@ def _gradient_views(micro: Microscope, rank: int, marks: Marks, slug: str) -> li
         f"Per-layer gradient norm on rank {rank}, one column per recorded step (evenly "
         f"spaced; records are denser around an anomaly).{grouped} Magenta: non-finite; "
         "blank: not measured or zero. Red lines: faults injected; green dashes: recoveries, "
-        "restarts and resumes." + _diagnosis_caption(rows, marks.diagnoses, micro.layers)
+        "restarts and resumes." + diagnosis_caption(rows, marks.diagnoses, micro.layers)
     )
     out.append(
         _figure(
