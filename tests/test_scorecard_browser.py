@@ -120,6 +120,9 @@ def test_screenshot_shows_the_plots_drawn(page: Path, tmp_path: Path) -> None:
     # The translucent red band of the injected fault is drawn on it too.
     fault_band = np.abs(colours - np.array([0xF2, 0xAE, 0xAE])).sum(axis=1) <= 60
     assert fault_band.any(), "no fault marker in the loss plot"
+    # No run of this suite has microscope records: no heatmap's hottest colour anywhere
+    # (the negative control of the microscope's screenshot check below).
+    assert (_viridis_top_rows(rgb)).size == 0
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +144,19 @@ def microscope_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_scorecards(suite, out)["html"]
 
 
+def _viridis_top(rgb: np.ndarray) -> np.ndarray:
+    """Pixels of the heatmap colour map's top colour (the hottest cell's)."""
+    from matplotlib import colormaps
+
+    top = (np.array(colormaps["viridis"](1.0)[:3]) * 255).astype(np.int32)
+    return np.asarray(np.abs(rgb - top).sum(axis=2) <= 30)
+
+
+def _viridis_top_rows(rgb: np.ndarray) -> np.ndarray:
+    """Rows holding a run of that colour as wide as a cell (the colour bar's is narrower)."""
+    return np.nonzero(_viridis_top(rgb).sum(axis=1) >= 15)[0]
+
+
 def test_microscope_views_load_cleanly_and_the_heatmap_is_drawn(
     microscope_page: Path, tmp_path: Path
 ) -> None:
@@ -159,15 +175,10 @@ def test_microscope_views_load_cleanly_and_the_heatmap_is_drawn(
     assert _console_errors(done.stderr) == []
     rgb = np.asarray(Image.open(shot).convert("RGB"), dtype=np.int32)
 
-    def where(colour: np.ndarray, tolerance: int = 30) -> tuple[np.ndarray, np.ndarray]:
-        ys, xs = np.nonzero(np.abs(rgb - colour).sum(axis=2) <= tolerance)
-        return ys, xs
-
     # The hot cell: a solid block of the colour map's top colour, in the first heatmap (rows
     # that hold a run of it; the colour bar's top is a narrower strip).
-    top = (np.array(colormaps["viridis"](1.0)[:3]) * 255).astype(np.int32)
-    hot = np.abs(rgb - top).sum(axis=2) <= 30
-    rows = np.nonzero(hot.sum(axis=1) >= 15)[0]
+    rows = _viridis_top_rows(rgb)
+    hot = _viridis_top(rgb)
     assert rows.size, "no block of the heatmap's hottest colour: the heatmap was not drawn"
     hot_y = rows[rows < rows[0] + 60]  # the gradient heatmap is above the update-ratio one
     hot_x = np.nonzero(hot[hot_y].any(axis=0))[0]
