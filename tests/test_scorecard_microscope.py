@@ -7,7 +7,7 @@ import html
 import io
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness.records.journal import Journal, JournalWriter, read_journal
-from harness.records.microscope_file import read_microscope
+from harness.records.microscope_file import N_BINS, WHY_PERIODIC, RankSeries, read_microscope
 from harness.running.results import ScenarioResult
 from harness.scorecard.microscope_figures import (
     MAX_COLUMNS,
@@ -26,7 +26,13 @@ from harness.scorecard.microscope_figures import (
     pick_rank,
     ridge_records,
 )
-from harness.scorecard.microscope_plots import DIAGNOSED, FAULT, NONFINITE
+from harness.scorecard.microscope_plots import (
+    DIAGNOSED,
+    FAULT,
+    MAX_PANELS,
+    NONFINITE,
+    ridge_panels,
+)
 from harness.scorecard.microscope_section import QUIET, diagnosis_caption, microscope_section
 from tests.microscope_support import (
     BLOW_UP_STEP,
@@ -263,3 +269,30 @@ def test_caption_names_the_first_diagnosis_that_named_a_layer() -> None:
     lost = [Diagnosis(1, 0, ["head"])]
     assert diagnosed_rows(LAYERS, lost) == {}
     assert "nothing is outlined" in diagnosis_caption({}, lost, LAYERS)
+
+
+def test_many_layers_show_the_diagnosed_and_the_overflowed_first() -> None:
+    n_layers, records = 20, 4
+    hist = np.zeros((records, n_layers, N_BINS), dtype=np.int64)
+    hist[:, :, 16] = 100  # every layer: values near 1
+    hist[2, 17, -2] = 1  # one overflowed value in layer 17
+    hist[3, 9, -1] = 1  # one non-finite value in layer 9
+    nan = np.full((records, n_layers), np.nan, dtype=np.float32)
+    series = RankSeries(
+        rank=0,
+        steps=np.arange(records, dtype=np.int64),
+        why=np.full(records, WHY_PERIODIC, dtype=np.uint8),
+        wall=np.zeros(records),
+        restart=np.zeros(records, dtype=np.int64),
+        grad_norm=nan,
+        weight_norm=nan,
+        update_ratio=nan,
+        act_hist=hist,
+        allreduce_ms=np.full(records, np.nan, dtype=np.float32),
+    )
+    panels = ridge_panels(series, range(records), keep=[3])
+    assert len(panels) == MAX_PANELS and panels == sorted(panels)
+    assert {3, 9, 17} <= set(panels)
+    # Few layers: every one, whatever is kept.
+    few = replace(series, act_hist=hist[:, :5])
+    assert ridge_panels(few, range(records), keep=[]) == [0, 1, 2, 3, 4]
