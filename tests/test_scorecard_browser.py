@@ -168,6 +168,9 @@ def test_microscope_views_load_cleanly_and_the_heatmap_is_drawn(
     assert _console_errors(done.stderr) == []
     for view in ("grad", "update", "act", "latency", "allreduce"):
         assert f'id="micro-blowup-{view}"' in done.stdout, view
+    page = microscope_page.read_text()
+    for outside in ("<script", "<link", "src=", "url(http", "@import"):
+        assert outside not in page  # self-contained: the heatmaps' PNGs are inline data
 
     shot = tmp_path / "micro.png"
     done = _chromium(microscope_page, tmp_path / "shot", f"--screenshot={shot}")
