@@ -33,6 +33,7 @@ from rich.table import Table
 
 from harness.mechanisms import TRAINER_MECHANISMS
 from harness.records.journal import read_journal
+from harness.records.microscope_file import MICROSCOPE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 1.10
@@ -61,8 +62,10 @@ def _mechanisms(text: str) -> list[str]:
     return names
 
 
-def step_times(args: argparse.Namespace, flags: list[str], work: Path) -> list[float]:
-    """Step times of one run of the variant, after its first ``--skip`` steps."""
+def run_variant(
+    args: argparse.Namespace, flags: list[str], work: Path, env: dict[str, str] | None = None
+) -> Path:
+    """Run the variant once (``env`` over ours); its run directory."""
     run_dir = Path(tempfile.mkdtemp(dir=work))
     launcher = [sys.executable, "-m", "reference_trainer"]
     if args.nproc > 1:
@@ -72,10 +75,15 @@ def step_times(args: argparse.Namespace, flags: list[str], work: Path) -> list[f
            "--precision", args.precision, "--steps", str(args.steps),
            "--checkpoint-every", str(args.steps), "--log-every", str(args.steps),
            "--run-dir", str(run_dir), *flags]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **(env or {}))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if proc.returncode:
         sys.exit(f"{' '.join(flags) or 'everything on'} failed:\n{proc.stderr[-2000:]}")
+    return run_dir
+
+
+def measured_times(args: argparse.Namespace, run_dir: Path) -> list[float]:
+    """A run's step times (``--timing``), after its first ``--skip`` steps."""
     steps = read_journal(run_dir).steps()
     if args.timing == "interval":
         # Wall time from one step event to the next: the step and everything the loop does
@@ -83,6 +91,12 @@ def step_times(args: argparse.Namespace, flags: list[str], work: Path) -> list[f
         mono = {s: float(steps[s].mono) for s in steps}
         return [mono[s] - mono[s - 1] for s in sorted(mono) if s > args.skip and s - 1 in mono]
     return [float(steps[s]["step_time"]) for s in sorted(steps) if s > args.skip]
+
+
+def step_times(args: argparse.Namespace, flags: list[str], work: Path) -> list[float]:
+    """Step times of one run of the variant, after its first ``--skip`` steps (the
+    microscope off: benchmarks/microscope.py measures it)."""
+    return measured_times(args, run_variant(args, flags, work, {MICROSCOPE_ENV: "off"}))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ from faults import FAULT_CLASSES, FaultSpec, kinds
 from faults.registry import FaultKind
 from faults.spec import TRIGGERS
 from harness import __version__
+from harness.commands.checklist import add_commands as add_checklist_commands
+from harness.commands.export import add_commands as add_export_commands
 from harness.commands.json_output import (
     emit_json,
     faults_document,
@@ -26,6 +28,7 @@ from harness.commands.review import add_commands as add_review_commands
 from harness.commands.soak import add_commands as add_soak_commands
 from harness.commands.suite import add_commands as add_suite_commands
 from harness.commands.sweep import add_commands as add_sweep_commands
+from harness.commands.watch import add_commands as add_watch_commands
 from harness.errors import TightropeError
 from harness.live.control import ControlError, send, wait_for_answer
 from harness.records.journal import read_journal
@@ -100,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_review_commands(commands)
     add_soak_commands(commands)
     add_sweep_commands(commands)
+    add_watch_commands(commands)
+    add_checklist_commands(commands)
+    add_export_commands(commands)
     return parser
 
 

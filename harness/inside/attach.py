@@ -36,6 +36,7 @@ from harness.inside.hooks import (
 from harness.inside.step_evidence import GradMark, ParamSample, params_finite
 from harness.inside.trainer_shape import (
     B,
+    data_parallel,
     exit_statuses,
     grad_norm,
     replace_first,
@@ -410,6 +411,8 @@ def attach(
     target = unwrap(model)
     agent = Agent(run_dir, rank=rank, world_size=world_size, restart=restart_count(), plan=plan)
     agent.check_params_every = check_params_every
+    if (wrapper := data_parallel(model)) is not None:
+        agent.watch_data_parallel(wrapper)
     attached = AttachedAgent(agent)
     attached.set_model(target)
     if optimizer is not None:

@@ -39,7 +39,13 @@ from harness.inside.agent import Agent
 from harness.inside.attach import CHECK_EVERY, AttachedAgent
 from harness.inside.files import add_file_listener, remove_file_listener
 from harness.inside.process_group import patch_init_process_group
-from harness.inside.trainer_shape import restart_count, topology, unwrap, watch_exit
+from harness.inside.trainer_shape import (
+    data_parallel,
+    restart_count,
+    topology,
+    unwrap,
+    watch_exit,
+)
 from harness.running.exec import ENV_PLAN, ENV_RUN_DIR
 
 
@@ -131,6 +137,8 @@ class Runtime:
             self.attached.set_model(model)
         else:
             return None
+        if (wrapper := data_parallel(module)) is not None:
+            self.attached.agent.watch_data_parallel(wrapper)
         if model is not module:
             return None  # the wrapped model's own hook fires inside the wrapper's forward
         # The model's own hook was registered too late for this call: act for it here.

@@ -296,8 +296,9 @@ class Microscope:
             return
         if record.why & WHY_ANOMALY:
             for earlier in self._ring:
-                earlier.why |= WHY_BEFORE
-                self.writer.add(earlier)
+                if earlier.step >= record.step - self.options.window:
+                    earlier.why |= WHY_BEFORE
+                    self.writer.add(earlier)
             self._ring.clear()
             self._after = self.options.window
             self.writer.add(record)

@@ -32,6 +32,17 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def data_parallel(model: nn.Module) -> nn.Module | None:
+    """The DistributedDataParallel wrapper among ``model``'s wrappers, if there is one."""
+    while (attr := WRAPPERS.get(type(model).__name__)) and isinstance(
+        inner := getattr(model, attr, None), nn.Module
+    ):
+        if type(model).__name__ == "DistributedDataParallel":
+            return model
+        model = inner
+    return None
+
+
 def topology(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """(rank, world size): given, else torch.distributed's, else env RANK/WORLD_SIZE, else 0/1."""
     joined = dist.is_available() and dist.is_initialized()

@@ -68,7 +68,7 @@ def write_scorecards(
         raise ScorecardError(f"cannot create scorecard directory {out_dir}: {exc}") from None
     texts = {
         "json": dumps_scorecard(result),
-        "markdown": render_markdown(result),
+        "markdown": render_markdown(result, Path(journal_root or out_dir)),
         "junit": render_junit(result),
         "html": render_html(result, Path(journal_root or out_dir)),
         "badge": render_badge(result.score),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.running.results import SCORECARD_VERSION, ScenarioResult, SuiteResult
 from harness.scorecard.badge import render_badge
+from harness.scorecard.coverage import coverage_html
 from harness.scorecard.htmlstyle import CSS
 from harness.scorecard.microscope_section import microscope_section
 from harness.scorecard.plots import StepSeries, load_series, render_plots
@@ -212,6 +213,7 @@ def render_html(result: SuiteResult, journal_root: Path) -> str:
 <body><div class="page">
 {_header(result)}
 {_index(result, slugs)}
+{coverage_html(result, journal_root)}
 <main>
 {sections}
 </main>

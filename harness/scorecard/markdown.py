@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from harness.running.results import ScenarioResult, SuiteResult
+from harness.scorecard.coverage import coverage_markdown
 from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
 from harness.scorecard.text import (
     NOT_JUDGED,
@@ -141,11 +143,13 @@ def _soak(r: ScenarioResult) -> list[str]:
     return lines
 
 
-def render_markdown(result: SuiteResult) -> str:
-    """scorecard.md's text: score, counts, per-class and per-scenario tables, then failures."""
+def render_markdown(result: SuiteResult, journal_root: Path | None = None) -> str:
+    """scorecard.md's text: score, counts, per-class and per-scenario tables, coverage, then
+    failures (run directories, for the checklist's counts, are read under ``journal_root``)."""
     lines = _header(result)
     lines += ["", "### Fault classes", "", *_class_table(result)]
     lines += ["", "### Scenarios", "", *_scenario_table(result)]
+    lines += ["", *coverage_markdown(result, journal_root)]
     for r in result.scenarios:
         if is_soak(r.metrics):
             lines += ["", *_soak(r)]

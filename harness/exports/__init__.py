@@ -1,0 +1,1 @@
+"""A run written out in the formats other tools read (docs/exports.md)."""

@@ -1,0 +1,161 @@
+"""The microscope recorder on trainers that know nothing of tightrope: what it records, when,
+and that a fault shows in the layer it hit."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import harness
+from faults import FaultPlan
+from harness.inside.microscope import MicroscopeOptions, MicroscopeOptionsError
+from harness.records.journal import read_journal
+from harness.records.microscope_file import (
+    BIN_LABELS,
+    MICROSCOPE_ENV,
+    WHY_AFTER,
+    WHY_ANOMALY,
+    WHY_BEFORE,
+    WHY_PERIODIC,
+    read_microscope,
+)
+from harness.run_layout import RunLayout
+
+from .plain_train import VOCAB, Net
+from .test_attach import batches
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ["embed", "blocks.0", "blocks.1", "head"]
+
+
+def train(run_dir: Path, steps: int, faults: list[dict[str, object]] | None = None) -> None:
+    """A tutorial loop with the agent attached and a non-finite-gradient guard; the
+    microscope as the environment says."""
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    plan = FaultPlan.from_dict({"faults": faults}) if faults else None
+    with harness.attach(model, optimizer, run_dir=run_dir, plan=plan) as agent:
+        for tokens in agent.wrap_batches(batches(steps)):
+            logits = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if torch.isfinite(norm):  # a guarded loop: a non-finite gradient skips the step
+                optimizer.step()
+
+
+@pytest.fixture
+def recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MICROSCOPE_ENV, "every=5,window=2")
+
+
+def test_an_attached_agent_records_nothing_unless_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(MICROSCOPE_ENV, raising=False)
+    train(tmp_path, 6)
+    assert not RunLayout(tmp_path).microscope.exists()
+    assert len(read_journal(tmp_path).steps()) == 6
+
+
+@pytest.mark.usefixtures("recording")
+def test_every_nth_step_is_recorded_whole(tmp_path: Path) -> None:
+    train(tmp_path, 12)
+    scope = read_microscope(tmp_path)
+    series = scope.ranks[0]
+    assert scope.layers == LAYERS
+    assert series.steps.tolist() == [5, 10] and set(series.why.tolist()) == {WHY_PERIODIC}
+    assert np.all(np.isfinite(series.grad_norm)) and np.all(series.grad_norm > 0)
+    assert np.all(series.update_ratio > 0) and np.all(series.update_ratio < 1)
+    # Every value of every layer's output is binned: 8 sequences x 12 positions x width.
+    assert series.act_hist[0].sum(axis=1).tolist() == [8 * 12 * 16] * 3 + [8 * 12 * VOCAB]
+    assert np.isnan(series.allreduce_ms).all()  # one process: no all-reduce
+
+
+@pytest.mark.usefixtures("recording")
+def test_a_nan_gradient_shows_in_its_layer_with_the_steps_around_it(tmp_path: Path) -> None:
+    train(tmp_path, 12, [{"kind": "nan_grad", "at_step": 7, "target": "blocks.0.*"}])
+    series = read_microscope(tmp_path).ranks[0]
+    why = dict(zip(series.steps.tolist(), series.why.tolist(), strict=True))
+    assert why == {
+        5: WHY_PERIODIC,
+        6: WHY_BEFORE,  # the ring held it until the anomaly came
+        7: WHY_ANOMALY,
+        8: WHY_AFTER,
+        9: WHY_AFTER,
+        10: WHY_PERIODIC,
+    }
+    at = series.steps.tolist().index(7)
+    norms = dict(zip(LAYERS, series.grad_norm[at].tolist(), strict=True))
+    assert norms["blocks.0"] == math.inf  # not NaN: NaN would read "not measured"
+    assert all(math.isfinite(norms[name]) for name in ("embed", "blocks.1", "head"))
+    # Before the anomaly there was no copy of the weights to compare: not measured.
+    assert np.isnan(series.update_ratio[series.steps.tolist().index(6)]).all()
+
+
+@pytest.mark.usefixtures("recording")
+def test_an_overflowing_activation_shows_in_the_histogram_of_its_layer(tmp_path: Path) -> None:
+    faults = [{"kind": "activation_overflow", "at_step": 3, "target": "blocks.1", "factor": 1e12}]
+    train(tmp_path, 6, faults)
+    series = read_microscope(tmp_path).ranks[0]
+    at = series.steps.tolist().index(3)
+    overflow = BIN_LABELS.index(">=1e+8")
+    high = series.act_hist[at, :, overflow:].sum(axis=1)
+    assert high[LAYERS.index("blocks.1")] > 0 and high[LAYERS.index("blocks.0")] == 0
+    before = series.steps.tolist().index(2)
+    assert series.act_hist[before, :, overflow:].sum() == 0  # negative control: a normal step
+
+
+def test_bad_settings_are_named() -> None:
+    with pytest.raises(MicroscopeOptionsError, match=r"colour=red.* NAME one of every, window"):
+        MicroscopeOptions.parse("every=10,colour=red")
+    with pytest.raises(MicroscopeOptionsError, match="window must be a number"):
+        MicroscopeOptions.parse("window=wide")
+    with pytest.raises(MicroscopeOptionsError, match=r"microscope\.every must be >= 1"):
+        MicroscopeOptions.parse("every=0")
+    assert MicroscopeOptions.parse("off", MicroscopeOptions(enabled=True)).enabled is False
+    assert MicroscopeOptions.parse("probe_every=0").probe_every == 0
+
+
+def _exec(run_dir: Path, steps: int, nproc: int = 1, spec: str = "every=5") -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{MICROSCOPE_ENV: spec})
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", str(nproc)]  # fmt: skip
+    cmd = [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), "--",
+           *launcher, "tests/plain_train.py", "--steps", str(steps)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_zero_code_attach_records_a_plain_script(tmp_path: Path) -> None:
+    _exec(tmp_path, 10)
+    scope = read_microscope(tmp_path)
+    assert scope.layers == LAYERS and scope.ranks[0].steps.tolist() == [5, 10]
+
+
+@pytest.mark.distributed
+def test_two_ranks_record_their_all_reduce_time_and_the_latency_between_them(
+    tmp_path: Path,
+) -> None:
+    _exec(tmp_path, 10, nproc=2, spec="every=5,probe_every=5")
+    scope = read_microscope(tmp_path)
+    assert sorted(scope.ranks) == [0, 1]
+    for series in scope.ranks.values():
+        assert series.steps.tolist() == [5, 10]
+        assert np.all(series.allreduce_ms > 0)  # DDP's bucket all-reduces, timed
+    ranks, matrix = scope.latency_matrix()
+    assert ranks == [0, 1] and matrix[0, 1] > 0 and matrix[1, 0] > 0
+    assert [p[0] for p in scope.ranks[0].probes] == [5, 10]
