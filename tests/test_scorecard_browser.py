@@ -1,4 +1,5 @@
-"""The HTML scorecard in a real browser: it loads cleanly and its plots are drawn.
+"""The HTML scorecard in a real browser: it loads cleanly and its plots (the microscope's
+heatmap too) are drawn.
 
 Needs /usr/bin/chromium. Where it is missing the test is skipped, except in CI (the
 ``CI`` environment variable set), where a skipped browser check would hide a broken page.
@@ -14,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.running.results import ScenarioResult, SuiteResult
 from harness.scorecard import write_scorecards
 from harness.scorecard.plots import FAULTED
+from tests.microscope_support import HOT_LAYER, write_journal, write_microscope
 from tests.scorecard_support import make_suite
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -117,3 +120,78 @@ def test_screenshot_shows_the_plots_drawn(page: Path, tmp_path: Path) -> None:
     # The translucent red band of the injected fault is drawn on it too.
     fault_band = np.abs(colours - np.array([0xF2, 0xAE, 0xAE])).sum(axis=1) <= 60
     assert fault_band.any(), "no fault marker in the loss plot"
+    # No run of this suite has microscope records: no heatmap's hottest colour anywhere
+    # (the negative control of the microscope's screenshot check below).
+    assert (_viridis_top_rows(rgb)).size == 0
+
+
+@pytest.fixture(scope="module")
+def microscope_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scorecard.html of one two-rank scenario with microscope records (a blow-up in one
+    layer, the trainer's diagnosis naming it), or a skip (a failure in CI) without chromium."""
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is not installed; the HTML scorecard is not checked in a browser"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set, so this check must run)")
+        pytest.skip(reason)
+    out = tmp_path_factory.mktemp("micro-card")
+    write_microscope(out / "runs" / "blowup", ranks=2)
+    write_journal(out / "runs" / "blowup", diagnosed=[HOT_LAYER])
+    scenario = ScenarioResult(
+        name="blowup", fault_class="numeric", weight=1.0, checks=[], run_dir="runs/blowup"
+    )
+    suite = SuiteResult(suite="micro", preset="tiny", scenarios=[scenario], seconds=1.0)
+    return write_scorecards(suite, out)["html"]
+
+
+def _viridis_top(rgb: np.ndarray) -> np.ndarray:
+    """Pixels of the heatmap colour map's top colour (the hottest cell's)."""
+    from matplotlib import colormaps
+
+    top = (np.array(colormaps["viridis"](1.0)[:3]) * 255).astype(np.int32)
+    return np.asarray(np.abs(rgb - top).sum(axis=2) <= 30)
+
+
+def _viridis_top_rows(rgb: np.ndarray) -> np.ndarray:
+    """Rows holding a run of that colour as wide as a cell (the colour bar's is narrower)."""
+    return np.nonzero(_viridis_top(rgb).sum(axis=1) >= 15)[0]
+
+
+def test_microscope_views_load_cleanly_and_the_heatmap_is_drawn(
+    microscope_page: Path, tmp_path: Path
+) -> None:
+    from matplotlib import colormaps
+    from PIL import Image
+
+    done = _chromium(microscope_page, tmp_path / "dom", "--dump-dom")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _console_errors(done.stderr) == []
+    for view in ("grad", "update", "act", "latency", "allreduce"):
+        assert f'id="micro-blowup-{view}"' in done.stdout, view
+    page = microscope_page.read_text()
+    for outside in ("<script", "<link", "src=", "url(http", "@import"):
+        assert outside not in page  # self-contained: the heatmaps' PNGs are inline data
+
+    shot = tmp_path / "micro.png"
+    done = _chromium(microscope_page, tmp_path / "shot", f"--screenshot={shot}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _console_errors(done.stderr) == []
+    rgb = np.asarray(Image.open(shot).convert("RGB"), dtype=np.int32)
+
+    # The hot cell: a solid block of the colour map's top colour, in the first heatmap (rows
+    # that hold a run of it; the colour bar's top is a narrower strip).
+    rows = _viridis_top_rows(rgb)
+    hot = _viridis_top(rgb)
+    assert rows.size, "no block of the heatmap's hottest colour: the heatmap was not drawn"
+    hot_y = rows[rows < rows[0] + 60]  # the gradient heatmap is above the update-ratio one
+    hot_x = np.nonzero(hot[hot_y].any(axis=0))[0]
+    assert np.ptp(hot_y) > 8, f"the hot cell spans only rows {hot_y.min()}..{hot_y.max()}"
+    assert 15 <= np.ptp(hot_x) < 200, f"the hot cell spans columns {hot_x.min()}..{hot_x.max()}"
+    # Around it, the cold cells: the colour map's bottom colour fills most of the rows.
+    cold = (np.array(colormaps["viridis"](0.0)[:3]) * 255).astype(np.int32)
+    band = rgb[hot_y.min() - 60 : hot_y.max() + 60]
+    cold_pixels = (np.abs(band - cold).sum(axis=2) <= 60).sum()
+    assert cold_pixels > 20_000, f"only {cold_pixels} pixels of cold cells around the hot one"
+    # The diagnosed row's outline runs the width of the heatmap through the hot cell's row.
+    outline = (np.abs(band - np.array([0xFF, 0x7F, 0x0E])).sum(axis=2) <= 60).sum(axis=1)
+    assert outline.max() > 400, "no outline of the diagnosed row"

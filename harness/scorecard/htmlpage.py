@@ -9,6 +9,7 @@ from harness.running.results import SCORECARD_VERSION, ScenarioResult, SuiteResu
 from harness.scorecard.badge import render_badge
 from harness.scorecard.coverage import coverage_html
 from harness.scorecard.htmlstyle import CSS
+from harness.scorecard.microscope_section import microscope_section
 from harness.scorecard.plots import StepSeries, load_series, render_plots
 from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
 from harness.scorecard.soak_plots import soak_plots
@@ -186,6 +187,7 @@ def _scenario(r: ScenarioResult, root: Path, slug: str) -> str:
         _checks(r),
         _soak(r, slug) if is_soak(r.metrics) else "",
         _plots(r, root, slug),
+        microscope_section(r, root, slug),
     ]
     if r.log_tail.strip():
         opened = " open" if r.status == "error" else ""
