@@ -158,4 +158,4 @@ def test_two_ranks_record_their_all_reduce_time_and_the_latency_between_them(
         assert np.all(series.allreduce_ms > 0)  # DDP's bucket all-reduces, timed
     ranks, matrix = scope.latency_matrix()
     assert ranks == [0, 1] and matrix[0, 1] > 0 and matrix[1, 0] > 0
-    assert [p[0] for p in scope.ranks[0].probes] == [5, 10]
+    assert [p[0] for p in scope.ranks[0].probes] == [1, 5, 10]  # the first step, then every 5th

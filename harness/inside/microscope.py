@@ -76,7 +76,8 @@ class MicroscopeOptions:
     window: int = 5
     """Steps recorded before and after each anomaly."""
     probe_every: int = 100
-    """Steps between point-to-point latency probes (several ranks; 0: never)."""
+    """Steps between point-to-point latency probes (several ranks; 0: never), besides one at
+    each process's first step."""
     max_mb: float = 64.0
     """Stop recording once a rank's chunks take this many megabytes."""
     spike_factor: float = 3.0
@@ -156,6 +157,7 @@ class Microscope:
         self._losses: deque[float] = deque(maxlen=20)
         self._step = 0
         self._ddp_seen = False
+        self._probed = False
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -194,9 +196,13 @@ class Microscope:
             return
         layers = self._setup(model)
         every = self.options.probe_every
-        if self.world_size > 1 and every and step % every == 0 and self.writer is not None:
+        # At this process's first step (the same step on every rank, a restart's too), so a
+        # short run has its latency map, then every `probe_every` steps.
+        due = every and (not self._probed or step % every == 0)
+        if self.world_size > 1 and due and self.writer is not None:
             for peer, micros in probe(self.rank, self.world_size).items():
                 self.writer.add_probe(step, peer, micros)
+            self._probed = True
         self.comm.take()  # what came before this step is not this step's
         self._hist = np.zeros((len(layers.names), N_BINS), dtype=np.int64)
         for i, name in enumerate(layers.names):
