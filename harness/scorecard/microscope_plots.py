@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.records.microscope_file import WHY_AFTER, WHY_ANOMALY, WHY_BEFORE, RankSeries
 from harness.scorecard.microscope_figures import Grid, Marks
-from harness.scorecard.plots import Plot, _inline
+from harness.scorecard.plots import Plot, inline_svg
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -57,7 +57,7 @@ def _render(
         fig.suptitle(title, x=0.01, ha="left", fontsize=10)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})
-    return Plot(plot_id, title, _inline(_round_paths(buf.getvalue()), plot_id))
+    return Plot(plot_id, title, inline_svg(_round_paths(buf.getvalue()), plot_id))
 
 
 _PATH_DATA = re.compile(r'(?<= d=")[^"]*')

@@ -245,13 +245,13 @@ def render_plot(
         fig.legend(loc="outside lower center", ncols=ncols, fontsize=7.5, frameon=False)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})
-    return Plot(plot_id, title, _inline(buf.getvalue(), plot_id))
+    return Plot(plot_id, title, inline_svg(buf.getvalue(), plot_id))
 
 
 _ID_REFS = re.compile(r'(\bid="|href="#|url\(#)')
 
 
-def _inline(svg: str, prefix: str) -> str:
+def inline_svg(svg: str, prefix: str) -> str:
     """SVG fit to paste into HTML: no XML prolog, ids prefixed so plots never share one."""
     svg = svg[svg.index("<svg") :]
     svg = _ID_REFS.sub(lambda m: f"{m.group(1)}{prefix}-", svg)
