@@ -249,8 +249,9 @@ def _load(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def read_microscope(run_dir: str | os.PathLike[str]) -> Microscope:
-    """Every rank's records of a run (empty when it recorded none)."""
+def read_microscope(run_dir: str | os.PathLike[str], *, warn: bool = True) -> Microscope:
+    """Every rank's records of a run (empty when it recorded none); chunks that cannot be
+    read are skipped, named in ``skipped`` and, with ``warn``, in a warning."""
     loaded: dict[int, list[tuple[int, dict[str, np.ndarray]]]] = {}
     layers: list[str] = []
     skipped: list[str] = []
@@ -266,7 +267,7 @@ def read_microscope(run_dir: str | os.PathLike[str]) -> Microscope:
             if name not in layers:
                 layers.append(str(name))
         loaded.setdefault(rank, []).append((restart, arrays))
-    if skipped:
+    if skipped and warn:
         warnings.warn("skipped unreadable microscope chunks: " + "; ".join(skipped), stacklevel=2)
     series = {rank: _merge(rank, chunks, layers) for rank, chunks in sorted(loaded.items())}
     return Microscope(layers=layers, ranks=series, skipped=skipped)

@@ -8,7 +8,6 @@ cannot be drawn gets a note naming why, never an error for the page.
 from __future__ import annotations
 
 import math
-import warnings
 from html import escape
 from pathlib import Path
 
@@ -53,9 +52,7 @@ def _figure(plot: Plot, caption: str, wide: bool = True) -> str:
 
 def _load(run_dir: Path) -> tuple[Microscope | None, list[str]]:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # skipped chunks are noted on the page instead
-            microscope = read_microscope(run_dir)
+        microscope = read_microscope(run_dir, warn=False)  # skipped: noted on the page
     except (MicroscopeFileError, OSError) as exc:
         return None, [f"microscope unreadable: {exc}"]
     notes = [f"skipped {plural(len(microscope.skipped), 'unreadable microscope chunk')}"]
