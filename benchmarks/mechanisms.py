@@ -63,11 +63,16 @@ def _mechanisms(text: str) -> list[str]:
 
 
 def run_variant(
-    args: argparse.Namespace, flags: list[str], work: Path, env: dict[str, str] | None = None
+    args: argparse.Namespace,
+    flags: list[str],
+    work: Path,
+    env: dict[str, str] | None = None,
+    launcher: list[str] | None = None,
 ) -> Path:
-    """Run the variant once (``env`` over ours); its run directory."""
+    """Run the variant once (``env`` over ours; ``launcher`` instead of ``python -m
+    reference_trainer`` on one rank); its run directory."""
     run_dir = Path(tempfile.mkdtemp(dir=work))
-    launcher = [sys.executable, "-m", "reference_trainer"]
+    launcher = launcher or [sys.executable, "-m", "reference_trainer"]
     if args.nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     "--nproc-per-node", str(args.nproc), "-m", "reference_trainer"]  # fmt: skip

@@ -15,6 +15,7 @@ import torch
 
 import harness
 from faults import FaultPlan
+from harness.inside.layer_figures import SAMPLE_VALUES, histogram
 from harness.inside.microscope import MicroscopeOptions, MicroscopeOptionsError
 from harness.records.journal import read_journal
 from harness.records.microscope_file import (
@@ -115,6 +116,16 @@ def test_an_overflowing_activation_shows_in_the_histogram_of_its_layer(tmp_path:
     assert high[LAYERS.index("blocks.1")] > 0 and high[LAYERS.index("blocks.0")] == 0
     before = series.steps.tolist().index(2)
     assert series.act_hist[before, :, overflow:].sum() == 0  # negative control: a normal step
+
+
+def test_a_large_output_is_sampled_but_its_overflow_and_nan_are_counted_exactly() -> None:
+    output = torch.randn(8, 256, 256)
+    sampled = histogram(output)
+    assert 3000 < sampled.sum() <= 2 * SAMPLE_VALUES and sampled[-2:].sum() == 0
+    output[0, 0, 5], output[1, 2, 3] = float("nan"), 1e9
+    every = histogram(output)
+    assert every.sum() == output.numel()  # a blow-up somewhere: every value is binned
+    assert every[BIN_LABELS.index(">=1e+8")] == 1 and every[-1] == 1
 
 
 def test_bad_settings_are_named() -> None:

@@ -18,11 +18,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.records.microscope_file import N_BINS
+from harness.records.microscope_file import LOG_EDGES, N_BINS
 
-#: A layer's output of more values than this is histogrammed on an evenly strided sample of
-#: about this many: binning every value of every layer would cost a few per cent of a step.
-SAMPLE_VALUES = 1 << 16
+#: A layer's output of more values than this is binned on an evenly strided sample of about
+#: this many (``log10`` is most of a histogram's cost): unless its largest magnitude is 1e8 or
+#: more, or not finite, when every value is binned, so the overflow and nan/inf bins always
+#: count exactly.
+SAMPLE_VALUES = 4096
+
+OVERFLOW = float(LOG_EDGES[-1])
 
 
 def default_layer(param_name: str) -> str:
@@ -102,16 +106,21 @@ def _norm(tensors: list[torch.Tensor]) -> float:
 
 
 def histogram(output: torch.Tensor) -> np.ndarray:
-    """Counts of ``|output|`` in the microscope's fixed bins (microscope_file.BIN_LABELS), on
-    at most about `SAMPLE_VALUES` evenly strided values."""
+    """Counts of ``|output|`` in the microscope's fixed bins (microscope_file.BIN_LABELS):
+    on a sample of about `SAMPLE_VALUES` values while every value is finite and under 1e8."""
     x = output.detach()
     if not x.is_floating_point():
         return np.zeros(N_BINS, dtype=np.int64)
     x = x.reshape(-1)
     if x.numel() > SAMPLE_VALUES:
-        x = x[:: x.numel() // SAMPLE_VALUES]
+        low, high = torch.aminmax(x)  # NaN when any value is NaN; one pass
+        peak = max(-float(low), float(high))
+        if math.isfinite(peak) and peak < OVERFLOW:
+            # An odd stride, so a sample of a (batch, time, channels) tensor meets every
+            # channel rather than the few a stride dividing the width would.
+            x = x[:: max(1, x.numel() // SAMPLE_VALUES) | 1]
     x = x.float().abs()
-    index = torch.log10(x).add_(8.0).mul_(2.0).floor_().clamp_(0.0, 32.0).add_(1.0)
+    index = torch.log10(x).mul_(2.0).add_(17.0).floor_().clamp_(1.0, 33.0)
     index = torch.where(x == 0, 0.0, index)
     index = torch.where(torch.isfinite(x), index, float(N_BINS - 1))
     counts = torch.bincount(index.long(), minlength=N_BINS)

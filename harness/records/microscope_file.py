@@ -33,8 +33,9 @@ NaN means "not measured at this record"; +inf means the figure is not finite (a 
 NaN or infinite gradient has gradient norm +inf: a finding, not a gap). Histogram bins are
 fixed, so they compare across steps, ranks and runs: exact zeros, then half-decade bins from
 1e-8 to 1e8 (anything smaller but non-zero falls in the first), then finite values of at
-least 1e8, then non-finite values. A layer's output of more than 65,536 values is binned on
-an evenly strided sample of about that many.
+least 1e8, then non-finite values. A layer's output of more than 4,096 values is binned on
+an evenly strided sample of about that many, unless its largest magnitude is 1e8 or more or
+not finite: then every value is, so those two bins always count exactly.
 """
 
 from __future__ import annotations
@@ -331,7 +332,7 @@ def histogram(values: np.ndarray) -> np.ndarray:
     torch sample the same way, harness/inside/layer_figures.py)."""
     x = np.abs(np.asarray(values, dtype=np.float32).ravel())
     with np.errstate(divide="ignore", invalid="ignore"):
-        index = np.clip(np.floor((np.log10(x) + 8.0) * 2.0), 0.0, 32.0) + 1.0
+        index = np.clip(np.floor(np.log10(x) * 2.0 + 17.0), 1.0, 33.0)
     index = np.where(x == 0, 0.0, index)
     index = np.where(np.isfinite(x), index, float(N_BINS - 1))
     return np.bincount(index.astype(np.int64), minlength=N_BINS).astype(np.int64)
