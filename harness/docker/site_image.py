@@ -79,12 +79,15 @@ def dependency_distributions(
 
 def _record_key(dists: list[metadata.Distribution]) -> str:
     """A hash of each distribution's name, version and RECORD (every file's hash), its
-    compiled files left out: they hold their sources' install times, so a fresh virtual
-    environment of the same wheels gives the same key and reuses the image."""
+    compiled files and scripts left out: those hold their sources' install times and the
+    environment's path, so a fresh virtual environment of the same wheels, anywhere, gives
+    the same key and reuses the image (the scripts come from entry_points.txt, kept)."""
     digest = hashlib.sha256()
     for dist in dists:
         lines = (dist.read_text("RECORD") or "").splitlines()
-        record = "\n".join(line for line in lines if "__pycache__" not in line)
+        record = "\n".join(
+            line for line in lines if "__pycache__" not in line and not line.startswith("../")
+        )
         digest.update(f"{dist.metadata['Name']}=={dist.version}\0{record}\0".encode())
     return digest.hexdigest()
 
