@@ -1,6 +1,6 @@
 """The harness's container image (the Dockerfile at the root): built with no network from
-the host's own Python and the local wheels, and `docker run` of its default command runs
-the smoke suite, its scorecard landing in the mounted folder on the host.
+the host's own Python and its installed dependencies, and `docker run` of its default
+command runs the smoke suite, its scorecard landing in the mounted folder on the host.
 
 The build needs a running Docker engine (the docker tier). Without one it is skipped,
 except in CI (the ``CI`` variable set), where `.ci/run` starts the engine.
@@ -12,7 +12,7 @@ import json
 import os
 import tarfile
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,8 +20,21 @@ import pytest
 from harness.docker.errors import DockerSdkMissing, DockerUnavailable
 
 try:
-    from harness.docker.harness_image import PROJECT, BuiltImage, _RootTar, ensure_harness_image
+    from harness.docker.harness_image import (
+        NO_WHEELS,
+        PROJECT,
+        WHEELS,
+        BuiltImage,
+        _RootTar,
+        ensure_harness_image,
+    )
     from harness.docker.image import connect
+    from harness.docker.site_image import (
+        _canonical,
+        _installed_name,
+        _script,
+        dependency_distributions,
+    )
 except DockerSdkMissing as missing:
     if os.environ.get("CI"):
         raise
@@ -34,7 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_dockerfile_installs_dependencies_before_the_code() -> None:
-    """Layer order, so that a change to the code reuses the dependency layers; and the
+    """Layer order, so that a change to the code reuses the dependency layers; the
+    defaults are the users' build (the wheels folder, both stages on BASE); and the
     build context (.dockerignore) is exactly what the image's input hash covers."""
     lines = [line.split() for line in (ROOT / "Dockerfile").read_text().splitlines()]
     steps = [words for words in lines if words and words[0].isupper()]
@@ -45,15 +59,37 @@ def test_the_dockerfile_installs_dependencies_before_the_code() -> None:
     code = [i for i, c in enumerate(copies) if c[0] in ("faults/", "harness/")]
     assert code and min(code) > 1
     dependency_stage = steps[stages[0] : stages[-1]]
-    assert [w[1:] for w in dependency_stage if w[0] == "COPY"] == [
-        ["build/image/wheels/", "/wheels/"]
-    ]
+    assert [w[1:] for w in dependency_stage if w[0] == "COPY"] == [["${WHEELS}/", "/wheels/"]]
+    args = dict(w[1].split("=", 1) for w in steps if w[0] == "ARG" and "=" in w[1])
+    assert args["WHEELS"] == str(WHEELS) and args["FINAL_BASE"] == "${BASE}"
+    assert steps[stages[0]][1:] == ["${BASE}", "AS", "dependencies"]
+    assert final[0][1:] == ["${FINAL_BASE}"]
     kept = {
         line[1:]
         for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.startswith("!")
     }
-    assert kept - {"build/image/wheels"} == set(PROJECT) - {".dockerignore"}
+    assert kept - {str(WHEELS), str(NO_WHEELS)} == set(PROJECT) - {".dockerignore"}
+
+
+def test_the_fast_path_installs_what_users_get_and_no_test_tools() -> None:
+    """The test image's dependencies (this environment's installed ones) are the set of
+    `tightrope[semantic]`, as the wheels of the users' build: no test tool, not the
+    project's own editable install; its scripts run the image's interpreter."""
+    names = {_canonical(d.metadata["Name"]) for d in dependency_distributions()}
+    assert {"torch", "numpy", "pydantic", "sentence-transformers", "setuptools", "pip"} <= names
+    assert not names & {"tightrope", "pytest", "mypy", "ruff", "hypothesis", "docker"}
+    script = b"#!/somewhere/.venv/bin/python\nimport sys\n"
+    assert _script(script, "/usr/local/bin/python3.11") == (
+        b"#!/usr/local/bin/python3.11\nimport sys\n"
+    )
+    assert _installed_name(PurePosixPath("../../../bin/torchrun"), "python3.11") == (
+        "usr/local/bin/torchrun"
+    )
+    assert _installed_name(PurePosixPath("torch/__init__.py"), "python3.11") == (
+        "usr/local/lib/python3.11/site-packages/torch/__init__.py"
+    )
+    assert _installed_name(PurePosixPath("../../../../etc/x"), "python3.11") is None
 
 
 def test_the_base_keeps_symlinked_folders_as_links(tmp_path: Path) -> None:
@@ -86,10 +122,17 @@ def client() -> DockerClient:
         pytest.skip(str(exc))
 
 
+#: The test's image, tagged apart from the users' `tightrope:latest` (it is built another way).
+TEST_IMAGE = "tightrope-test:latest"
+
+
 @pytest.fixture(scope="module")
 def image(client: DockerClient) -> BuiltImage:
-    """The harness image, built when its inputs changed (minutes), else the cached one."""
-    return ensure_harness_image(client)
+    """The harness image from the project's Dockerfile, built when its inputs changed, else
+    the cached one. Its dependencies are this environment's, imported as the final stage's
+    base (about a minute), not gathered as wheels and installed by the build (three):
+    the same packages and the same Dockerfile steps otherwise (docs/container.md)."""
+    return ensure_harness_image(client, tag=TEST_IMAGE, dependencies="environment")
 
 
 @pytest.mark.docker

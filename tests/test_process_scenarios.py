@@ -80,11 +80,17 @@ def test_without_restarts_a_lost_node_ends_the_job(results: dict[str, ScenarioRe
 
 @pytest.mark.slow
 def test_without_the_watchdog_a_hang_outlives_the_deadline(
-    results: dict[str, ScenarioResult],
+    results: dict[str, ScenarioResult], out: Path
 ) -> None:
     result = results["hang-no-watchdog"]
     assert result.status == "error" and result.error is not None
     assert "timed out" in result.error and "completed" in failed(result)
+    # It was the hang that ran out the clock, not a slow start: rank 0 hung at step 12
+    # and trained no step after it.
+    journal = read_journal(out / result.run_dir, warn=False)
+    (hung,) = [e for e in journal.of_kind("fault_injected") if e["fault"] == "hang"]
+    assert hung.rank == 0 and hung.step == 12
+    assert max(e.step for e in journal.of_kind("step") if e.rank == 0) == 12
 
 
 @pytest.mark.slow

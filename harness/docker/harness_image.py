@@ -52,16 +52,23 @@ __all__ = [
     "ensure_harness_image",
     "gather_wheels",
     "python_root_tar",
+    "write_python_root",
 ]
 
 IMAGE = "tightrope:latest"
 PYTHON_IMAGE = "tightrope-python:latest"
 DEPENDENCIES_IMAGE = "tightrope-dependencies:latest"
+#: The base with this environment's installed dependencies (`harness.docker.site_image`).
+SITE_IMAGE = "tightrope-site:latest"
+#: The first stage of a build from it (tagged apart, so neither kind replaces the other's).
+SITE_DEPENDENCIES_IMAGE = "tightrope-site-dependencies:latest"
 LAYOUT_LABEL = "tightrope.layout"
 INPUTS_LABEL = "tightrope.inputs"
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the Dockerfile takes the wheels from (inside the build context, and git-ignored).
 WHEELS = Path("build") / "image" / "wheels"
+#: An empty wheel folder, for a build whose first stage has its dependencies already.
+NO_WHEELS = Path("build") / "image" / "no-wheels"
 #: What the image installs besides the project: its dependencies and the embedding model's
 #: (the document stages load it), and a setuptools new enough to build the project.
 REQUIREMENTS = (".[semantic]", "setuptools>=68")
@@ -248,30 +255,33 @@ def python_root_tar(out: IO[bytes], sources: _BaseSources | None = None) -> None
     """Write the base image's root file system: this interpreter at /usr/local, its
     standard library, /bin/sh, and the system libraries all of it and the installed
     wheels load."""
-    s = sources or _BaseSources.here()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        write_python_root(_RootTar(tar), sources or _BaseSources.here())
+
+
+def write_python_root(root: _RootTar, s: _BaseSources) -> None:
+    """Add the base image's files (`python_root_tar`'s) to ``root``."""
     dynload = [f for f in _stdlib_files(s.stdlib) if f.parent.name == "lib-dynload"]
     libraries = linked_libraries(
         [s.interpreter, s.shell, *dynload, *s.wheel_objects()], inside=s.site
     )
     # libpython of a shared build moves with the interpreter, to /usr/local/lib.
     libpython = {p for p in libraries if p.resolve().is_relative_to(s.prefix)}
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
-        root = _RootTar(tar)
-        root.directory("tmp", 0o1777)
-        root.directory("root", 0o700)
-        root.data("etc/passwd", _PASSWD)
-        root.data("etc/group", _GROUP)
-        root.file(s.interpreter, f"usr/local/bin/{s.version}")
-        root.link("usr/local/bin/python3", s.version)
-        root.link("usr/local/bin/python", s.version)
-        for lib in sorted(libpython):
-            root.file(lib, f"usr/local/lib/{lib.name}")
-        for file in _stdlib_files(s.stdlib):
-            root.file(file, f"usr/local/lib/{s.version}/{file.relative_to(s.stdlib)}")
-        root.directory(f"usr/local/lib/{s.version}/site-packages")
-        root.host_path(s.shell)
-        for lib in sorted(libraries - libpython):
-            root.host_path(lib)
+    root.directory("tmp", 0o1777)
+    root.directory("root", 0o700)
+    root.data("etc/passwd", _PASSWD)
+    root.data("etc/group", _GROUP)
+    root.file(s.interpreter, f"usr/local/bin/{s.version}")
+    root.link("usr/local/bin/python3", s.version)
+    root.link("usr/local/bin/python", s.version)
+    for lib in sorted(libpython):
+        root.file(lib, f"usr/local/lib/{lib.name}")
+    for file in _stdlib_files(s.stdlib):
+        root.file(file, f"usr/local/lib/{s.version}/{file.relative_to(s.stdlib)}")
+    root.directory(f"usr/local/lib/{s.version}/site-packages")
+    root.host_path(s.shell)
+    for lib in sorted(libraries - libpython):
+        root.host_path(lib)
 
 
 def _digest_tree(digest: Any, root: Path, names: Iterable[str]) -> None:
@@ -362,12 +372,14 @@ def _remove_replaced(client: docker.DockerClient, before: dict[str, str | None])
                 client.images.remove(old)
 
 
-def _build(client: docker.DockerClient, root: Path, **options: object) -> str:
+def _build(
+    client: docker.DockerClient, root: Path, buildargs: dict[str, str], **options: object
+) -> str:
     try:
         image, _log = client.images.build(
             path=str(root),
             network_mode="none",  # the proof that nothing is fetched
-            buildargs={"BASE": PYTHON_IMAGE},
+            buildargs=buildargs,
             rm=True,
             forcerm=True,
             **options,  # type: ignore[arg-type]
@@ -381,15 +393,35 @@ def _build(client: docker.DockerClient, root: Path, **options: object) -> str:
 
 
 def ensure_harness_image(
-    client: docker.DockerClient, *, root: Path = ROOT, tag: str = IMAGE
+    client: docker.DockerClient,
+    *,
+    root: Path = ROOT,
+    tag: str = IMAGE,
+    dependencies: str = "wheels",
 ) -> BuiltImage:
-    """Build the Dockerfile as ``tag`` unless an image of the same inputs is there."""
-    before = {t: _image_id(client, t) for t in (tag, DEPENDENCIES_IMAGE, PYTHON_IMAGE)}
+    """Build the Dockerfile as ``tag`` unless an image of the same inputs is there.
+    ``dependencies``: "wheels" (gathered from the package index and installed by the
+    build, as users build it) or "environment" (this environment's installed ones, given
+    to the build as an image: the tests' fast path, `harness.docker.site_image`)."""
+    if dependencies not in ("wheels", "environment"):
+        raise DockerError(f"dependencies: expected 'wheels' or 'environment', got {dependencies!r}")
+    stage = SITE_DEPENDENCIES_IMAGE if dependencies == "environment" else DEPENDENCIES_IMAGE
+    tags = (tag, stage, PYTHON_IMAGE, SITE_IMAGE)
+    before = {t: _image_id(client, t) for t in tags}
     layout = ensure_python_image(client)
-    wheels = gather_wheels(root)
-    digest = hashlib.sha256(layout.encode())
-    for wheel in sorted(wheels.glob("*.whl")):
-        digest.update(f"{wheel.name}:{wheel.stat().st_size}\0".encode())
+    buildargs = {"BASE": PYTHON_IMAGE}
+    digest = hashlib.sha256(f"{layout}:{dependencies}".encode())
+    if dependencies == "environment":
+        from harness.docker.site_image import ensure_site_image  # it builds on this module
+
+        digest.update(ensure_site_image(client).encode())
+        # No wheels to install: the final stage starts from the installed ones, and the
+        # first stage (which then installs nothing) adds nothing to them.
+        (root / NO_WHEELS).mkdir(parents=True, exist_ok=True)
+        buildargs |= {"FINAL_BASE": SITE_IMAGE, "WHEELS": NO_WHEELS.as_posix()}
+    else:
+        for wheel in sorted(gather_wheels(root).glob("*.whl")):
+            digest.update(f"{wheel.name}:{wheel.stat().st_size}\0".encode())
     _digest_tree(digest, root, PROJECT)
     inputs = digest.hexdigest()[:16]
     if _label(client, tag, INPUTS_LABEL) == inputs:
@@ -397,8 +429,8 @@ def ensure_harness_image(
     started = time.monotonic()
     # The dependency stage is tagged too, so that the one it replaces can be removed by id
     # (an untagged stage would pile up); the second build takes it from the layer cache.
-    _build(client, root, tag=DEPENDENCIES_IMAGE, target="dependencies")
-    image = _build(client, root, tag=tag, labels={INPUTS_LABEL: inputs})
+    _build(client, root, buildargs, tag=stage, target="dependencies")
+    image = _build(client, root, buildargs, tag=tag, labels={INPUTS_LABEL: inputs})
     _remove_replaced(client, before)
     return BuiltImage(tag, image, built=True, seconds=time.monotonic() - started)
 
