@@ -118,6 +118,31 @@ def test_an_overflowing_activation_shows_in_the_histogram_of_its_layer(tmp_path:
     assert series.act_hist[before, :, overflow:].sum() == 0  # negative control: a normal step
 
 
+@pytest.mark.usefixtures("recording")
+def test_the_output_hooks_stay_put_between_steps_without_a_fault(tmp_path: Path) -> None:
+    # A compiled model is traced again whenever a module's hooks change: the recorder's stay
+    # from step to step, and go in again only after a fault's own hooks (to run after them).
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    plan = FaultPlan.from_dict(
+        {"faults": [{"kind": "activation_overflow", "at_step": 3, "target": "blocks.1"}]}
+    )
+    seen: list[tuple[int, ...]] = []
+    with harness.attach(model, optimizer, run_dir=tmp_path, plan=plan) as agent:
+        for tokens in agent.wrap_batches(batches(5)):
+            logits = model(tokens[:, :-1])
+            seen.append(tuple(model.blocks[0]._forward_hooks))
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    assert seen[0] == seen[1] and seen[1] != seen[2] and seen[3] == seen[4]
+    assert len(seen[0]) == 1 and not model.blocks[0]._forward_hooks  # and all gone at close
+
+
 def test_a_large_output_is_sampled_but_its_overflow_and_nan_are_counted_exactly() -> None:
     output = torch.randn(8, 256, 256)
     sampled = histogram(output)

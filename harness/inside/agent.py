@@ -195,7 +195,7 @@ class Agent:
                 if injector.waits_for_save() and index not in [i for i, _ in self._waiting]:
                     self._waiting.append((index, step))
         if self.microscope is not None:  # after the faults' hooks: it sees what they did
-            self.microscope.begin_step(self.model, step)
+            self.microscope.begin_step(self.model, step, faults_hooked=bool(self._active))
 
     def file_saved(self, path: str) -> None:
         """The trainer saved ``path``: triggered faults waiting for a save act on it when the

@@ -169,6 +169,7 @@ class Microscope:
 
     def _setup(self, model: nn.Module) -> Layers:
         if self._layers is None or model is not self._model:
+            self._remove_hooks()  # they were on the model before this one
             self._model = model
             self._layers = Layers.of(model, self.layer_of)
             if self.writer is not None:
@@ -186,13 +187,16 @@ class Microscope:
 
     # -- the step --------------------------------------------------------------------
 
-    def begin_step(self, model: nn.Module | None, step: int) -> None:
-        """A step begins: the last one is final; probes run when due; output hooks go in."""
+    def begin_step(self, model: nn.Module | None, step: int, *, faults_hooked: bool) -> None:
+        """A step begins: the last one is final; probes run when due. The output hooks stay
+        in from step to step (a compiled model would be traced again at every change);
+        they go in again, last, when the step's faults hooked the model, so they see what
+        the faults did."""
         self._finish_pending()
         self._step = step
-        self._remove_hooks()
         self._grads = self._before = self._ratios = None
         if model is None:
+            self._remove_hooks()
             return
         layers = self._setup(model)
         every = self.options.probe_every
@@ -205,9 +209,11 @@ class Microscope:
             self._probed = True
         self.comm.take()  # what came before this step is not this step's
         self._hist = np.zeros((len(layers.names), N_BINS), dtype=np.int64)
-        for i, name in enumerate(layers.names):
-            for module in layers.modules.get(name, []):
-                self._hooks.append(module.register_forward_hook(self._output_hook(i)))
+        if faults_hooked or not self._hooks:
+            self._remove_hooks()
+            for i, name in enumerate(layers.names):
+                for module in layers.modules.get(name, []):
+                    self._hooks.append(module.register_forward_hook(self._output_hook(i)))
 
     def _output_hook(self, index: int) -> Callable[..., None]:
         def record(module: nn.Module, args: Any, output: Any) -> None:
@@ -235,7 +241,6 @@ class Microscope:
 
     def end_step(self, observed: Mapping[str, Any], anomaly: bool) -> None:
         """The step's `step` event was written (``observed`` are its fields)."""
-        self._remove_hooks()
         if self._layers is None:
             return
         n = len(self._layers.names)
