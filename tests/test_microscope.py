@@ -143,6 +143,22 @@ def test_the_output_hooks_stay_put_between_steps_without_a_fault(tmp_path: Path)
     assert len(seen[0]) == 1 and not model.blocks[0]._forward_hooks  # and all gone at close
 
 
+@pytest.mark.usefixtures("recording")
+def test_a_failing_microscope_is_journaled_once_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(output: torch.Tensor) -> np.ndarray:
+        raise RuntimeError("no histogram today")
+
+    monkeypatch.setattr("harness.inside.microscope.histogram", broken)
+    train(tmp_path, 6)
+    journal = read_journal(tmp_path)
+    [failed] = journal.of_kind("microscope_failed")
+    assert failed.step == 1 and failed["error"] == "RuntimeError: no histogram today"
+    assert sorted(journal.steps()) == [1, 2, 3, 4, 5, 6]
+    assert journal.of_kind("run_end")[0]["status"] == "completed"
+
+
 def test_a_large_output_is_sampled_but_its_overflow_and_nan_are_counted_exactly() -> None:
     output = torch.randn(8, 256, 256)
     sampled = histogram(output)

@@ -28,7 +28,7 @@ For a run directory each item is **emitted** when any of its evidence is found o
 A detector's or a recovery's item is emitted only when it fired: a clean run shows the
 signals it records all the time (loss, gradient norms, checkpoints, the microscope), and a
 faulted one the claims its fault gave rise to. A tiny reference-trainer run of 30 clean
-steps on one rank emitted 27 of the 85 items (`python -m reference_trainer --run-dir R
+steps on one rank emitted 27 of the 86 items (`python -m reference_trainer --run-dir R
 --steps 30`, then `tightrope checklist R`; 2026-12-01). An item a fault kind exercises is not
 always emitted when it is injected: of the 17 items `inf_grad` exercises, core's
 `inf-grad-persistent` (fp32, one rank) emitted 9, since the loss-scale items need fp16 and

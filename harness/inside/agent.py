@@ -22,11 +22,13 @@ step's update happened is observed, not claimed: a step with no ``after_optimize
 (or `note_update`) is journaled ``skipped``.
 With no fault planned the agent costs one journal line per step and, every
 ``check_params_every`` steps, one pass over the parameters; no collective, unless the plan
-has ``after_seconds`` faults (rank 0's clock decides when they fire).
+has ``after_seconds`` faults (rank 0's clock decides when they fire). The microscope
+(harness/inside/microscope.py) records per-layer figures only when asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -194,8 +196,8 @@ class Agent:
                 index = self._index[id(injector)]
                 if injector.waits_for_save() and index not in [i for i, _ in self._waiting]:
                     self._waiting.append((index, step))
-        if self.microscope is not None:  # after the faults' hooks: it sees what they did
-            self.microscope.begin_step(self.model, step, faults_hooked=bool(self._active))
+        # After the faults' hooks: it sees what they did.
+        self._look(lambda m: m.begin_step(self.model, step, faults_hooked=bool(self._active)))
 
     def file_saved(self, path: str) -> None:
         """The trainer saved ``path``: triggered faults waiting for a save act on it when the
@@ -254,8 +256,7 @@ class Agent:
         self._run(lambda inj, ctx: inj.after_backward(ctx))
         if self._injected_this_step and self.model is not None:
             self._broken_grads = not grads_finite(self.model)
-        if self.microscope is not None:
-            self.microscope.after_backward()
+        self._look(lambda m: m.after_backward())
 
     def before_optimizer_step(self) -> None:
         """Just before ``optimizer.step``: gradients a fault left non-finite and that are
@@ -263,14 +264,12 @@ class Agent:
         if self._broken_grads and self.model is not None:
             self._repaired = grads_finite(self.model)
         self._run(lambda inj, ctx: inj.before_optimizer_step(ctx))
-        if self.microscope is not None:
-            self.microscope.before_update()
+        self._look(lambda m: m.before_update())
 
     def after_optimizer_step(self) -> None:
         """Just after ``optimizer.step``: the update happened."""
         self._updated = True
-        if self.microscope is not None:
-            self.microscope.after_update()
+        self._look(lambda m: m.after_update())
         self._run(lambda inj, ctx: inj.after_optimizer_step(ctx))
 
     def note_update(self, known: bool = True) -> None:
@@ -305,10 +304,9 @@ class Agent:
         if self.fingerprint_due and self.model is not None:
             observations["params_fingerprint"] = f"{params_fingerprint(self.model):016x}"
         self.journal.emit("step", self.step, **observations)
-        if self.microscope is not None:
-            broken = observations.get("params_finite") is False
-            anomaly = self._injected_this_step or broken or observations.get("skipped") is True
-            self.microscope.end_step(observations, anomaly)
+        broken = observations.get("params_finite") is False
+        anomaly = self._injected_this_step or broken or observations.get("skipped") is True
+        self._look(lambda m: m.end_step(observations, anomaly))
 
     def end_step(self) -> None:
         """The step is over: file and process faults act, temporary changes are undone."""
@@ -337,8 +335,8 @@ class Agent:
         """Journal something the trainer reports about itself (detected, recovered, ...),
         at the current step unless ``step`` says otherwise."""
         self.journal.emit(claim.kind, self.step if step is None else step, **claim.fields())
-        if self.microscope is not None and claim.kind == "detected":
-            self.microscope.mark_anomaly()
+        if claim.kind == "detected":
+            self._look(lambda m: m.mark_anomaly())
 
     def name_layers(self, layer_of: Callable[[str], str]) -> None:
         """The trainer's own names for its layers (parameter name -> layer), for the
@@ -348,8 +346,7 @@ class Agent:
 
     def watch_data_parallel(self, wrapper: nn.Module) -> None:
         """The trainer's DDP wrapper: the microscope times its bucket all-reduces."""
-        if self.microscope is not None:
-            self.microscope.watch_data_parallel(wrapper)
+        self._look(lambda m: m.watch_data_parallel(wrapper))
 
     def observe_layers(self, event: LayerStatsObserved) -> None:
         """Journal the per-layer statistics the trainer measured at this step."""
@@ -392,12 +389,25 @@ class Agent:
         journal."""
         extra = {"reason": reason} if reason else {}
         seconds = time.monotonic() - self._started
-        if self.microscope is not None:
-            self.microscope.close()
+        self._look(lambda m: m.close())
         self.journal.emit("run_end", self.step, status=status, seconds=seconds, **extra, **observed)
         self.journal.close()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _look(self, call: Callable[[Microscope], object]) -> None:
+        """One call into the microscope. It must never end a job: a failure is journaled
+        (`microscope_failed`, once) and the microscope is off for the rest of the process."""
+        scope = self.microscope
+        if scope is None:
+            return
+        try:
+            call(scope)
+        except Exception as exc:  # whatever broke, training goes on
+            self.microscope = None
+            with contextlib.suppress(Exception):
+                scope.close()
+            self.journal.emit("microscope_failed", self.step, error=f"{type(exc).__name__}: {exc}")
 
     def _run(self, hook: Callable[[Injector[Any], StepContext], list[Injection]]) -> None:
         for injector in list(self._active):
@@ -423,8 +433,8 @@ class Agent:
         )
 
     def _record(self, records: list[Injection]) -> None:
-        if records and self.microscope is not None:
-            self.microscope.fault_injected()
+        if records:
+            self._look(lambda m: m.fault_injected())
         for record in records:
             self._injected_this_step = True
             details = dict(record.details)

@@ -158,6 +158,7 @@ class Microscope:
         self._step = 0
         self._ddp_seen = False
         self._probed = False
+        self._failed: Exception | None = None  # what an output hook met, raised at end_step
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -218,7 +219,10 @@ class Microscope:
     def _output_hook(self, index: int) -> Callable[..., None]:
         def record(module: nn.Module, args: Any, output: Any) -> None:
             if self._hist is not None and isinstance(output, torch.Tensor):
-                self._hist[index] += histogram(output)
+                try:
+                    self._hist[index] += histogram(output)
+                except Exception as exc:  # raised again at end_step, out of the forward
+                    self._hist, self._failed = None, exc
 
         return record
 
@@ -241,6 +245,8 @@ class Microscope:
 
     def end_step(self, observed: Mapping[str, Any], anomaly: bool) -> None:
         """The step's `step` event was written (``observed`` are its fields)."""
+        if self._failed is not None:
+            raise self._failed
         if self._layers is None:
             return
         n = len(self._layers.names)

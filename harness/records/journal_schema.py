@@ -371,6 +371,11 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 port=FieldSpec("int", "The endpoint's port, when serving failed."),
             ),
         ),
+        "microscope_failed": (
+            "Observed by the agent: its microscope (docs/journal.md, The microscope) failed; "
+            "journaled once per process, training goes on without it.",
+            _kind(error=FieldSpec("str", "What failed, as type: message.", required=True)),
+        ),
         "run_end": (
             "A process stopped training.",
             _kind(
