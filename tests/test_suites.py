@@ -3,6 +3,8 @@ fails exactly the checks its missing mechanisms cover."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,11 @@ def test_smoke_separates_the_reference_trainer_from_the_fragile_one(tmp_path: Pa
     assert robust.passed and robust.score == 100.0, report
     classes = {r.fault_class for r in robust.scenarios}
     assert classes == {"numeric", "loss_spike", "checkpoint", "data", "process"}
+    # Every run recorded its microscope, and the page draws each one's gradient flow,
+    # update ratios and activation histograms (tests/test_scorecard_microscope.py: what).
+    page = (tmp_path / "reference" / "scorecard.html").read_text()
+    views = Counter(re.findall(r'<figure [^>]*id="micro-[\w-]+-(grad|update|act)"', page))
+    assert views == {view: len(robust.scenarios) for view in ("grad", "update", "act")}
 
     fragile = run(tmp_path, "fragile")
     outcome = {r.name: (r.status, {c.name for c in r.failed_checks}) for r in fragile.scenarios}
