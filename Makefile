@@ -41,9 +41,11 @@ browser:
 		|| (apt-get update -q && apt-get install -y -q chromium >/dev/null) \
 		|| echo "tightrope: could not install chromium; the browser test will be skipped"
 
-## test: lint, then every test tier that can run on this machine
+## test: lint, then every test tier that can run on this machine, in two pytest-xdist
+## workers: the distributed, docker and timed tests one at a time, first, in one of them
+## (tests/conftest.py)
 test: lint browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
 ## mechanism overhead, loss-spike detector precision, duplicate filter speed and F1,

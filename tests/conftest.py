@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from xdist.remote import Producer
+
+from tests import lanes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,13 +71,37 @@ SESSION_MARK = "TIGHTROPE_TEST_SESSION"
 #: The folder of trained tokenizers every fresh run of the session shares.
 TOKENIZER_CACHE = "TIGHTROPE_TOKENIZER_CACHE"
 
+#: Set by pytest-xdist in each worker's environment (``make test`` runs two workers).
+XDIST_WORKER = "PYTEST_XDIST_WORKER"
+
+
+@pytest.hookimpl(tryfirst=True)  # before any plugin reads the groups off the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The two lanes of tests/lanes.py; a worker writes them down for the controller."""
+    lanes.assign_groups(items)
+    if XDIST_WORKER in os.environ:
+        lanes.record_groups(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(
+    config: pytest.Config, log: Producer
+) -> lanes.GroupScheduling | None:
+    """``--dist loadgroup``: the groups from the workers' file (tests/lanes.py)."""
+    return lanes.GroupScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Mark this session's environment, so its processes can be found at the end; give
     its fresh runs one tokenizer cache, so each configuration's BPE is trained once (each
     entry is checked against its digest before use; tests/test_tokenizer_cache.py)."""
+    if XDIST_WORKER in os.environ:
+        return  # a worker inherits the controller's mark and cache: one check covers all
     os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
     os.environ[TOKENIZER_CACHE] = tempfile.mkdtemp(prefix="tightrope-tokenizers-")
+    fd, groups = tempfile.mkstemp(prefix="tightrope-test-groups-", suffix=".json")
+    os.close(fd)
+    os.environ[lanes.GROUPS_FILE_ENV] = groups
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -83,17 +110,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     harness's clean-up."""
     from harness.running.process_tree import _signal
 
+    if XDIST_WORKER in os.environ:
+        return  # the controller checks, once every worker is done
     cache = os.environ.pop(TOKENIZER_CACHE, "")
     if cache:
         shutil.rmtree(cache, ignore_errors=True)
+    Path(os.environ.pop(lanes.GROUPS_FILE_ENV, "") or os.devnull).unlink(missing_ok=True)
     mark = os.environ.get(SESSION_MARK)
     if not mark:
         return
+    workers = session.config.pluginmanager.has_plugin("dsession")  # xdist's controller
     deadline = time.monotonic() + 5  # a process reaped a moment after its test is fine
-    left = _carrying(SESSION_MARK, mark)
+    left = _carrying(SESSION_MARK, mark, spare_children=workers)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = _carrying(SESSION_MARK, mark)
+        left = _carrying(SESSION_MARK, mark, spare_children=workers)
     if not left:
         return
     described = []
@@ -107,16 +138,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _carrying(name: str, value: str) -> list[int]:
-    """Live processes (zombies excluded) whose environment holds ``name=value``."""
+def _carrying(name: str, value: str, *, spare_children: bool) -> list[int]:
+    """Live processes (zombies excluded) whose environment holds ``name=value``, other than
+    this one and, with ``spare_children``, its direct children (xdist's workers: they run
+    no trainer themselves, and end right after this check)."""
     needle = f"{name}={value}".encode()
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "Z" and needle in Path(entry.path, "environ").read_bytes().split(b"\0"):
+            state, ppid = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if state == "Z" or (spare_children and int(ppid) == os.getpid()):
+                continue
+            if needle in Path(entry.path, "environ").read_bytes().split(b"\0"):
                 found.append(int(entry.name))
         except (OSError, IndexError):
             continue

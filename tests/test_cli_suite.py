@@ -136,6 +136,7 @@ def test_an_unreachable_docker_engine_is_refused_before_anything_runs(
     assert not (tmp_path / "out" / "runs").exists()
 
 
+@pytest.mark.timed
 @pytest.mark.slow
 def test_sigterm_ends_a_run_within_seconds_with_a_partial_scorecard(tmp_path: Path) -> None:
     import signal

@@ -15,6 +15,9 @@ from harness.commands.main import main as tightrope
 
 from .conftest import ROOT
 
+# It judges a deadline in seconds (run one at a time: tests/conftest.py).
+pytestmark = pytest.mark.timed
+
 #: Starts two sleeping children, one in its own session as torchrun starts its workers,
 #: writes its pid and theirs to the file in argv[1], then sleeps for a minute.
 SLEEPER = (

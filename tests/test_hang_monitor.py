@@ -16,6 +16,9 @@ from harness.run_layout import RunLayout
 from reference_trainer.processes.hang_monitor import behind
 from reference_trainer.processes.watchdog import Heartbeat, WatchdogConfig
 
+# It judges heartbeat ages in seconds (run one at a time: tests/conftest.py).
+pytestmark = pytest.mark.timed
+
 
 def write_beat(
     run_dir: Path, rank: int, step: int, *, age: float, timeout: float, pid: int

@@ -14,6 +14,9 @@ from harness.running.results import ScenarioResult
 from harness.running.runner import RunOptions, run_suite
 from harness.suites.suite_loader import parse_suite
 
+# It judges recovery seconds and watchdog deadlines (run one at a time: tests/conftest.py).
+pytestmark = pytest.mark.timed
+
 KILL = {"kind": "kill", "at_step": 12, "ranks": [0]}
 HANG = {"kind": "hang", "at_step": 12, "ranks": [0]}
 PREEMPT = {"kind": "preempt", "at_step": 12, "ranks": [0], "grace_seconds": 10}

@@ -44,6 +44,7 @@ def test_a_plain_trainer_runs_through_the_zero_code_attach(tmp_path: Path) -> No
     assert "final loss nan" in (run_dir / "trainer.log").read_text()
 
 
+@pytest.mark.timed
 @pytest.mark.slow
 def test_the_watchdog_kills_a_hung_trainer_and_scores_it_as_an_error(tmp_path: Path) -> None:
     # A trainer that stops itself (SIGSTOP) ignores everything but SIGKILL.
