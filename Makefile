@@ -43,7 +43,7 @@ browser:
 
 ## test: lint, then every test tier that can run on this machine, in two pytest-xdist
 ## workers: the distributed, docker and timed tests one at a time, first, in one of them
-## (tests/conftest.py)
+## (tests/lanes.py)
 test: lint browser
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder
 

@@ -115,7 +115,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     cache = os.environ.pop(TOKENIZER_CACHE, "")
     if cache:
         shutil.rmtree(cache, ignore_errors=True)
-    Path(os.environ.pop(lanes.GROUPS_FILE_ENV, "") or os.devnull).unlink(missing_ok=True)
+    groups = os.environ.pop(lanes.GROUPS_FILE_ENV, "")
+    if groups:
+        Path(groups).unlink(missing_ok=True)
     mark = os.environ.get(SESSION_MARK)
     if not mark:
         return
