@@ -4,12 +4,13 @@ suite's scenarios exercise, so a team sees what its monitoring misses (docs/chec
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.checklist.catalogue import GROUPS, ChecklistError, Item
-from harness.checklist.run_check import RunChecklist, check_run
-from harness.checklist.suite_check import SuiteChecklist, check_scenarios
+from harness.checklist.run_check import ItemResult, RunChecklist, check_run
+from harness.checklist.suite_check import ItemCoverage, SuiteChecklist, check_scenarios
 from harness.commands.json_output import JSON_VERSION, emit_json
 from harness.suites.suite_loader import load_suite
 
@@ -119,21 +120,45 @@ def suite_document(result: SuiteChecklist, path: Path) -> dict[str, Any]:
     }
 
 
+#: A row of either checklist: a run's item, or a suite's.
+_Row = TypeVar("_Row", ItemResult, ItemCoverage)
+
+
+def _print_grouped(rows: Sequence[_Row], line: Callable[[_Row], tuple[str, str]]) -> None:
+    """Each row as ``[mark] name detail`` (``line`` gives the mark and the detail), under its
+    group's title, in the catalogue's order of groups."""
+    for group, title in GROUPS.items():
+        grouped = [r for r in rows if r.item.group == group]
+        if grouped:
+            print(f"\n{title}")
+        for r in grouped:
+            mark, detail = line(r)
+            print(f"  [{mark}] {r.item.name:<28} {detail}")
+
+
+def _run_line(r: ItemResult) -> tuple[str, str]:
+    if not r.item.showable:
+        return "-", "not shown by this project yet (evidence: none)"
+    shown = [f for f in r.found if f.count] or list(r.found)
+    return "x" if r.emitted else " ", "; ".join(f"{f.evidence}: {f.detail}" for f in shown)
+
+
+def _suite_line(r: ItemCoverage) -> tuple[str, str]:
+    if r.exercised:
+        n = len(r.scenarios)
+        detail = f"{n} scenario{'s' if n != 1 else ''}, through {', '.join(r.kinds)}"
+    elif not r.item.faults:
+        detail = "no fault kind exercises it"
+    else:
+        detail = f"missed: needs one of {', '.join(r.item.faults)}"
+    if not r.item.showable:
+        detail += " (not shown by this project yet)"
+    return "x" if r.exercised else " ", detail
+
+
 def _print_run(result: RunChecklist) -> None:
     print(f"checklist of run {result.run_dir}")
-    for group, title in GROUPS.items():
-        rows = [r for r in result.results if r.item.group == group]
-        if not rows:
-            continue
-        print(f"\n{title}")
-        for r in rows:
-            if not r.item.showable:
-                mark, detail = "-", "not shown by this project yet (evidence: none)"
-            else:
-                mark = "x" if r.emitted else " "
-                shown = [f for f in r.found if f.count] or list(r.found)
-                detail = "; ".join(f"{f.evidence}: {f.detail}" for f in shown)
-            print(f"  [{mark}] {r.item.name:<28} {detail}")
+    _print_grouped(result.results, _run_line)
     for note in result.notes:
         print(f"note: {note}")
     missing = [r.item.name for r in result.missing]
@@ -147,23 +172,7 @@ def _print_run(result: RunChecklist) -> None:
 
 def _print_suite(result: SuiteChecklist) -> None:
     print(f"checklist of suite {result.suite}: fault kinds {', '.join(result.fault_kinds) or '-'}")
-    for group, title in GROUPS.items():
-        rows = [r for r in result.results if r.item.group == group]
-        if not rows:
-            continue
-        print(f"\n{title}")
-        for r in rows:
-            mark = "x" if r.exercised else " "
-            if r.exercised:
-                n = len(r.scenarios)
-                detail = f"{n} scenario{'s' if n != 1 else ''}, through {', '.join(r.kinds)}"
-            elif not r.item.faults:
-                detail = "no fault kind exercises it"
-            else:
-                detail = f"missed: needs one of {', '.join(r.item.faults)}"
-            if not r.item.showable:
-                detail += " (not shown by this project yet)"
-            print(f"  [{mark}] {r.item.name:<28} {detail}")
+    _print_grouped(result.results, _suite_line)
     missed = [r.item.name for r in result.missed]
     print(
         f"\n{len(result.exercised)}/{len(result.results)} items exercised"
