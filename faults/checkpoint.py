@@ -177,13 +177,19 @@ class FileInjector(CheckpointInjector[F]):
         return self.spec.after_save
 
     def on_file_saved(self, ctx: StepContext, path: str) -> list[Injection]:
-        """The trainer saved ``path``: damage it when it matches ``path`` (after_save)."""
+        """The trainer saved ``path``: damage it when it matches ``path`` (after_save). A
+        save of a folder (a DCP checkpoint, a ``checkpoint-N/``) is one checkpoint: its
+        files that match are damaged."""
         root = Path(ctx.cwd or os.getcwd())
         saved = Path(path)
         if not self.spec.after_save or self.spec.path is None:
             return []
-        inside = saved.is_relative_to(root) and saved.relative_to(root).match(self.spec.path)
-        return self._damage_files(root, root, [saved]) if inside and saved.is_file() else []
+        files = sorted(p for p in saved.rglob("*") if p.is_file()) if saved.is_dir() else [saved]
+        pattern = self.spec.path
+        matching = [
+            f for f in files if f.is_relative_to(root) and f.relative_to(root).match(pattern)
+        ]
+        return self._damage_files(root, root, matching) if matching and saved.exists() else []
 
     def apply(
         self,

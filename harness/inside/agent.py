@@ -266,9 +266,10 @@ class Agent:
         self._run(lambda inj, ctx: inj.before_optimizer_step(ctx))
         self._look(lambda m: m.before_update())
 
-    def after_optimizer_step(self) -> None:
-        """Just after ``optimizer.step``: the update happened."""
-        self._updated = True
+    def after_optimizer_step(self, *, updated: bool = True) -> None:
+        """Just after ``optimizer.step``: the update happened (``updated=False``: the step
+        ran and changed no parameter, a skip)."""
+        self._updated = updated
         self._look(lambda m: m.after_update())
         self._run(lambda inj, ctx: inj.after_optimizer_step(ctx))
 
@@ -276,6 +277,11 @@ class Agent:
         """The step's update happened without ``optimizer.step`` (a trainer that updates the
         parameters by hand); ``known=False``: whether it happened cannot be told."""
         self._updated = True if known else None
+
+    @property
+    def injected_this_step(self) -> bool:
+        """True when a fault acted at this step so far."""
+        return self._injected_this_step
 
     @property
     def check_due(self) -> bool:

@@ -25,19 +25,37 @@ from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan
 from harness.inside.agent import Agent
-from harness.inside.files import SaveMatch, add_file_listener, read_saves, remove_file_listener
+from harness.inside.files import (
+    SaveMatch,
+    add_file_listener,
+    read_saves,
+    remove_file_listener,
+    settle_memory_saves,
+)
 from harness.inside.hooks import (
+    Closure,
     ForwardHook,
-    StepHook,
+    StepBeginHook,
+    StepEndHook,
     add_backward_listener,
     remove_backward_listener,
     strip_hooks,
+    with_closure,
 )
-from harness.inside.step_evidence import GradMark, ParamSample, params_finite
+from harness.inside.step_evidence import (
+    GradMark,
+    ParamSample,
+    creates_state,
+    has_no_grads,
+    params_fingerprint,
+    params_finite,
+)
+from harness.inside.step_identity import Numbering, batch_fingerprint, earlier_batches, number
 from harness.inside.trainer_shape import (
     B,
     data_parallel,
     exit_statuses,
+    first_tensor,
     grad_norm,
     replace_first,
     restart_count,
@@ -78,7 +96,14 @@ class AttachedAgent:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self._open = False  # a step has begun and not ended
-        self._in_step = False  # between the optimizer's pre- and post-hooks
+        self._in_step = False  # between the optimizer's pre- and post-hooks (its update)
+        self._closure = False  # inside optimizer.step, its closure not returned yet
+        self._no_grads = False  # the optimizer stepped with no gradient at all: no update
+        self._ignored: torch.optim.Optimizer | None = None  # a step that only made state
+        self._before: int | None = None  # parameters' fingerprint before a faulted update
+        self._batch: str | None = None  # the open step's batch fingerprint
+        self._resumed_from: int | None = None  # step of the save loaded before training
+        self._numbering: Numbering | None = None  # how that process's first step was found
         self._backward_seen = False  # the open step had a backward
         self._closed = False
         self._loss: torch.Tensor | None = None
@@ -129,6 +154,7 @@ class AttachedAgent:
         for batch in batches:
             if not self._closed:
                 self._boundary()
+                self._see_batch(batch)
                 self.open_step()
                 batch = replace_first(batch, self.agent.batch)
             yield batch
@@ -147,6 +173,7 @@ class AttachedAgent:
         remove_file_listener(self)
         for handle in [*self._handles, *([self._model_hook] if self._model_hook else [])]:
             handle.remove()
+        settle_memory_saves()
         try:
             if self._open and self._backward_seen and status == "completed":
                 by_hand = self._params is not None and self.agent.optimizer is None
@@ -158,7 +185,7 @@ class AttachedAgent:
             elif self._open:
                 self.agent.end_step()  # undo temporary changes (lr spike, forward hooks)
         finally:
-            self._open = self._in_step = False
+            self._open = self._in_step = self._closure = False
             model = self.agent.model
             extra: dict[str, Any] = {}
             if model is not None:
@@ -225,8 +252,8 @@ class AttachedAgent:
     def hook_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Drive steps from ``optimizer``'s own step hooks."""
         self.agent.optimizer = optimizer
-        self._handles.append(optimizer.register_step_pre_hook(StepHook(self, "begin")))
-        self._handles.append(optimizer.register_step_post_hook(StepHook(self, "end")))
+        self._handles.append(optimizer.register_step_pre_hook(StepBeginHook(self)))
+        self._handles.append(optimizer.register_step_post_hook(StepEndHook(self)))
 
     # -- the step --------------------------------------------------------------------------
 
@@ -234,6 +261,7 @@ class AttachedAgent:
         """Begin the next step unless one is open."""
         if self._open or self._closed:
             return
+        settle_memory_saves()  # the last step's in-memory saves are in their files by now
         self._open, self._backward_seen = True, False
         self._loss, self._grad_norm, self.backward_calls = None, None, 0
         if self._last is None:
@@ -269,11 +297,21 @@ class AttachedAgent:
         lr = self._lr if self._lr is not None else OMIT
         if not update_known:
             self.agent.note_update(known=False)
+        identity: dict[str, Any] = {}
+        if self._numbering is not None:
+            identity, self._numbering = self._numbering.fields(), None
         self.agent.observe_step(
-            StepObserved(loss=loss, grad_norm=self._grad_norm, lr=lr, step_time=now - started)
+            StepObserved(
+                loss=loss,
+                grad_norm=self._grad_norm,
+                lr=lr,
+                step_time=now - started,
+                batch_fingerprint=self._batch if self._batch is not None else OMIT,
+                **identity,
+            )
         )
-        self._open = self._in_step = self._backward_seen = False
-        self._loss = self._lr = None
+        self._open = self._in_step = self._backward_seen = self._closure = False
+        self._loss = self._lr = self._batch = None
         self.agent.end_step()
         if self.on_first_step is not None:
             callback, self.on_first_step = self.on_first_step, None
@@ -295,6 +333,7 @@ class AttachedAgent:
         if self._in_step or self._closed or not torch.is_grad_enabled():
             return None
         self._boundary()
+        self._see_batch(args[0] if args else kwargs)
         self.open_step()
         if self._own_batches:
             return None
@@ -303,6 +342,23 @@ class AttachedAgent:
             return None if new is args[0] else ((new, *args[1:]), kwargs)
         new_kwargs = replace_first(kwargs, self.agent.batch)  # input_ids=, when given
         return None if new_kwargs is kwargs else (args, new_kwargs)
+
+    def _see_batch(self, batch: object) -> None:
+        """The step opening now (or open, its forward inside a closure) trains on ``batch``:
+        its fingerprint; the first step of a process that resumed from a save is numbered by
+        it (`harness.inside.step_identity`)."""
+        if self._batch is not None:
+            return  # a later micro-batch of the same step
+        tensor = first_tensor(batch)
+        if tensor is None or self._closed:
+            return
+        self._batch = batch_fingerprint(tensor)
+        if self._resumed_from is None or self._numbering is not None:
+            return
+        earlier = earlier_batches(self.agent.run_dir, self.agent.journal.restart)
+        self._numbering = number(self._resumed_from, earlier.get(self._batch, []))
+        self._resumed_from = None
+        self.agent.step = self._numbering.done + (1 if self._open else 0)
 
     def before_backward(self, tensor: torch.Tensor) -> None:
         """``tensor.backward()``: may end the last step, opens the next; a scalar is the
@@ -327,25 +383,76 @@ class AttachedAgent:
         if model is not None:
             self._grads = GradMark.of(model, self._grads)
 
-    def on_step_begin(self, optimizer: torch.optim.Optimizer) -> None:
-        """Optimizer step pre-hook: lr and lr faults."""
-        if optimizer is not self.agent.optimizer or self._in_step or self._closed:
-            return
+    @property
+    def closure_open(self) -> bool:
+        """True while the closure of the step in progress has not returned."""
+        return self._closure
+
+    def on_step_begin(
+        self,
+        optimizer: torch.optim.Optimizer,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """Optimizer step pre-hook: lr and lr faults; a closure is wrapped, as the step's
+        forward and backward run inside it."""
+        if optimizer is not self.agent.optimizer or self._in_step or self._closure:
+            return None
+        if self._closed:
+            return None
+        kwargs = kwargs or {}
+        wrapped = with_closure(args, kwargs, lambda c: Closure(self, c))
+        if wrapped is None and not self._open and creates_state(optimizer):
+            # No forward, no backward, lr 0 or no gradient: an optimizer stepped to create
+            # its state (DCP's get_state_dict on a fresh optimizer), not a training step.
+            self._ignored = optimizer
+            return None
         self.open_step()
+        self._lr = float(optimizer.param_groups[0]["lr"])
+        if wrapped is not None:
+            self._closure = True
+            return wrapped
+        self._begin_update()
+        return None
+
+    def closure_returned(self) -> None:
+        """The step's closure returned: its gradients are in, the update begins."""
+        if self._closure:
+            self._closure = False
+            self._begin_update()
+
+    def _begin_update(self) -> None:
+        optimizer = self.agent.optimizer
         self._in_step = True
         if not self._backward_seen:
             self.agent.after_backward()  # gradients came some other way: report faults now
             if self.agent.check_due:
                 self._grad_norm = self._norm()
         self._backward_seen = True
-        self._lr = float(optimizer.param_groups[0]["lr"])
         self.agent.before_optimizer_step()
+        # With every gradient gone (a guard set them to None) torch.optim changes nothing;
+        # after a fault, whether any parameter changed is read whole, before and after.
+        self._no_grads = optimizer is not None and has_no_grads(optimizer)
+        model = self.agent.model
+        faulted = self.agent.injected_this_step and not self._no_grads
+        self._before = params_fingerprint(model) if faulted and model is not None else None
 
     def on_step_end(self, optimizer: torch.optim.Optimizer) -> None:
         """Optimizer step post-hook: weight faults, the `step` event, end-of-step faults."""
-        if optimizer is not self.agent.optimizer or not self._in_step or self._closed:
+        if self._ignored is optimizer:
+            self._ignored = None
             return
-        self.agent.after_optimizer_step()
+        if optimizer is not self.agent.optimizer or self._closed:
+            return
+        self.closure_returned()  # an optimizer that never called its closure
+        if not self._in_step:
+            return
+        updated = not self._no_grads
+        model = self.agent.model
+        if self._before is not None and model is not None:
+            updated = params_fingerprint(model) != self._before
+        self._before, self._no_grads = None, False
+        self.agent.after_optimizer_step(updated=updated)
         self._finish()
 
     # -- files (harness.inside.files) -----------------------------------------------------------
@@ -354,6 +461,7 @@ class AttachedAgent:
         """A save: a step whose update happened by hand ends first; the agent's own hooks
         leave the module while it is pickled, so nothing of the agent is in the file."""
         self._boundary()
+        settle_memory_saves()
         return strip_hooks(obj)
 
     def saved(self, path: Path, sha256: str, size: int, api: str) -> None:
@@ -374,7 +482,7 @@ class AttachedAgent:
         )
         # Damaged or not, the trainer resumes from what that save held.
         if match.step is not None and not self._began and not self._open:
-            self.agent.step = match.step
+            self.agent.step = self._resumed_from = match.step
 
     def load_failed(self, path: Path, sha256: str | None, error: BaseException, api: str) -> None:
         """Journal a load that raised."""

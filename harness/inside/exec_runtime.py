@@ -168,15 +168,19 @@ class Runtime:
             if current is None or self._owned(best, ids) > self._owned(current, ids):
                 self.attached.set_model(best)
         self.optimizer = self.attached.agent.optimizer = optimizer
-        for handle in self._module_hooks:
-            handle.remove()
-        self._module_hooks, self._candidates, self._seen = [], [], set()
+        if self.attached.agent.model is not None:
+            self._settled()
+        # else the forward comes later, inside the step's closure (Lightning), or after a
+        # step that only created the optimizer's state (DCP): keep looking for the model.
         return self.attached
 
-    def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _step_pre(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         attached = self._bind(optimizer) if self.optimizer is None else self.attached
         if attached is not None and optimizer is self.optimizer:
-            attached.on_step_begin(optimizer)
+            return attached.on_step_begin(optimizer, args, kwargs)
+        return None
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.attached is not None and optimizer is self.optimizer:

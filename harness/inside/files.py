@@ -4,10 +4,11 @@ While an agent is attached, ``torch.save`` / ``torch.load``, safetensors' ``save
 ``load_file`` (when installed) and ``torch.distributed.checkpoint.save`` / ``load`` (once
 the trainer imports it; a checkpoint there is a folder, hashed file by file) are wrapped.
 A save of a file (a path, or a file object with a real path) is reported with the SHA-256
-of its bytes just after the save; a load with the SHA-256 of the bytes it read, before the
-load runs; a load that raises with the error. Nothing here decides anything:
-`harness.inside.attach` journals the observations and the oracles compare a load's hash with the
-hash at its last save.
+of its bytes just after the save; a save into a ``BytesIO``, once its bytes are found in a
+file (`harness.inside.landing`, at the next step boundary); a load with the SHA-256 of the
+bytes it read, before the load runs; a load that raises with the error. Nothing here
+decides anything: `harness.inside.attach` journals the observations and the oracles
+compare a load's hash with the hash at its last save.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import io
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
+from harness.inside.landing import landing
 from harness.records.journal import read_journal_file
 from harness.run_layout import RunLayout
 
@@ -111,12 +114,16 @@ def _wrap_save(original: Callable[..., Any], api: str, target: int) -> Callable[
         )
         where = _where(args, kwargs, target)
         afters = [listener.before_save(obj) for listener in tuple(_listeners)]
+        start = _position(where)
         try:
             result = original(*args, **kwargs)
         finally:
             for after in afters:
                 after()
         path = file_path(where)
+        if path is None and start is not None:
+            # Into memory (a BytesIO): the file comes later (harness.inside.landing).
+            landing.remember(where.getbuffer()[start : where.tell()], api)  # type: ignore[attr-defined]
         if path is not None:
             flush = getattr(where, "flush", None)
             if callable(flush):
@@ -130,6 +137,22 @@ def _wrap_save(original: Callable[..., Any], api: str, target: int) -> Callable[
     return save
 
 
+def _position(where: object) -> int | None:
+    """Where a save into an in-memory buffer (``BytesIO``) starts; None for anything else."""
+    if isinstance(where, io.BytesIO):
+        return where.tell()
+    return None
+
+
+def settle_memory_saves() -> None:
+    """Tell the listeners of the files that now hold the bytes of earlier in-memory saves."""
+    if not landing.pending:
+        return
+    for landed in landing.settle():
+        for listener in tuple(_listeners):
+            listener.saved(landed.path, landed.sha256, landed.size, landed.api)
+
+
 def _wrap_load(original: Callable[..., Any], api: str, target: int = 0) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
@@ -140,7 +163,7 @@ def _wrap_load(original: Callable[..., Any], api: str, target: int = 0) -> Calla
         found = digest(path) if path is not None else None
         try:
             result = original(*args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
             if path is not None:
                 for listener in tuple(_listeners):
                     listener.load_failed(path, found[0] if found else None, exc, api)

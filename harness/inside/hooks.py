@@ -117,23 +117,64 @@ class ForwardHook:
         return (Inert, ())
 
 
-class StepHook:
-    """An optimizer step hook (``begin`` or ``end``); copies and pickles as `Inert`."""
-
-    def __init__(self, attached: AttachedAgent, which: str) -> None:
-        self.attached, self.which = attached, which
-
-    def __call__(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        if self.which == "begin":
-            self.attached.on_step_begin(optimizer)
-        else:
-            self.attached.on_step_end(optimizer)
+class _InertCopies:
+    """A hook that copies (``copy.deepcopy``) and pickles as `Inert`."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
         return Inert()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Inert, ())
+
+
+class StepBeginHook(_InertCopies):
+    """An optimizer step pre-hook (it may wrap the step's closure)."""
+
+    def __init__(self, attached: AttachedAgent) -> None:
+        self.attached = attached
+
+    def __call__(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        return self.attached.on_step_begin(optimizer, args, kwargs)
+
+
+class StepEndHook(_InertCopies):
+    """An optimizer step post-hook."""
+
+    def __init__(self, attached: AttachedAgent) -> None:
+        self.attached = attached
+
+    def __call__(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self.attached.on_step_end(optimizer)
+
+
+class Closure:
+    """The closure handed to ``optimizer.step(closure)`` (Lightning's steps, LBFGS), wrapped:
+    the forward and backward it runs belong to the step, and the update starts when it
+    returns. A closure called again within the same step (LBFGS) runs as it is."""
+
+    def __init__(self, attached: AttachedAgent, closure: Callable[[], Any]) -> None:
+        self.attached, self.closure = attached, closure
+
+    def __call__(self) -> Any:
+        if not self.attached.closure_open:
+            return self.closure()
+        result = self.closure()
+        self.attached.closure_returned()
+        return result
+
+
+def with_closure(
+    args: tuple[Any, ...], kwargs: dict[str, Any], wrap: Callable[[Callable[[], Any]], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """``optimizer.step``'s arguments (``args[0]`` is the optimizer itself, as its step
+    hooks receive them) with the closure wrapped; None when it has none."""
+    if len(args) > 1 and callable(args[1]):
+        return (args[0], wrap(args[1]), *args[2:]), kwargs
+    if callable(kwargs.get("closure")):
+        return args, {**kwargs, "closure": wrap(kwargs["closure"])}
+    return None
 
 
 def strip_hooks(obj: object) -> Callable[[], None]:

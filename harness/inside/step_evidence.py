@@ -4,11 +4,31 @@ the gradients cleared (an update given up)? Samples, compared bit for bit."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's own part of ``tensor``: the local shard of a DTensor (FSDP2, tensor
+    parallel), whose own operations would run collectives, else the tensor itself."""
+    # No DTensor exists unless its module was imported; importing it here would cost.
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(tensor, dtensor.DTensor):
+        return tensor.to_local()  # type: ignore[no-any-return]
+    return tensor
+
+
+def _local_params(model: nn.Module) -> list[torch.Tensor]:
+    return [t for t in (local(p.detach()) for p in model.parameters()) if t.numel()]
+
+
+def _local_grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    grads = (local(p.grad.detach()) for p in params if p.grad is not None)
+    return [g for g in grads if g.numel()]
 
 
 class ParamSample:
@@ -20,7 +40,7 @@ class ParamSample:
     ELEMENTS = 32
 
     def __init__(self, model: nn.Module) -> None:
-        params = [p for p in model.parameters() if p.requires_grad and p.numel()]
+        params = [t for t in (local(p) for p in model.parameters() if p.requires_grad) if t.numel()]
         chosen = {id(p): p for p in [*params[:1], *params[-1:]]}
         if params:
             largest = max(params, key=lambda p: p.numel())
@@ -83,8 +103,8 @@ class GradMark:
 
 
 def params_finite(model: nn.Module) -> bool:
-    """True when every parameter of ``model`` is finite."""
-    return _tensors_finite([p.detach() for p in model.parameters() if p.numel()])
+    """True when every parameter of ``model`` (this rank's shard of it) is finite."""
+    return _tensors_finite(_local_params(model))
 
 
 #: The integer dtype with the same width as a float dtype, to read its bits.
@@ -99,7 +119,7 @@ def params_fingerprint(model: nn.Module) -> int:
     one element moves that sum by 2**k, so it cannot go unseen), in one pass and one sync;
     the sums are then hashed together.
     """
-    params = [p.detach() for p in model.parameters() if p.numel()]
+    params = _local_params(model)
     if not params:
         return 0
     with torch.no_grad():
@@ -112,8 +132,28 @@ def params_fingerprint(model: nn.Module) -> int:
 
 def grads_finite(model: nn.Module) -> bool:
     """True when every gradient of ``model`` is finite (no gradient counts as finite)."""
-    params = model.parameters()
-    return _tensors_finite([p.grad.detach() for p in params if p.grad is not None and p.numel()])
+    return _tensors_finite(_local_grads(model.parameters()))
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def has_no_grads(optimizer: torch.optim.Optimizer) -> bool:
+    """True when no parameter of ``optimizer`` has a gradient: its step changes nothing."""
+    return all(p.grad is None for p in _optimizer_params(optimizer))
+
+
+def creates_state(optimizer: torch.optim.Optimizer) -> bool:
+    """True when a step of ``optimizer`` now could only create its state: every learning
+    rate is 0, or every gradient is absent or zero (DCP's ``get_state_dict`` steps a fresh
+    optimizer so, with zero gradients and lr 0)."""
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    if lrs and all(lr is not None and float(lr) == 0.0 for lr in lrs):
+        return True
+    grads = _local_grads(_optimizer_params(optimizer))
+    with torch.no_grad():
+        return all(not bool(torch.count_nonzero(g)) for g in grads)
 
 
 def _tensors_finite(tensors: list[torch.Tensor]) -> bool:

@@ -84,6 +84,17 @@ def grad_norm(params: Iterable[torch.Tensor]) -> float | None:
         return float(torch.nn.utils.get_total_norm(grads))
 
 
+def first_tensor(batch: object) -> torch.Tensor | None:
+    """The token tensor of ``batch``, where `replace_first` finds it; None when none is."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0]
+    if isinstance(batch, Mapping) and isinstance(ids := batch.get("input_ids"), torch.Tensor):
+        return ids
+    return None
+
+
 def replace_first(batch: B, through: Callable[[torch.Tensor], torch.Tensor]) -> B:
     """``batch`` with its token tensor passed ``through``: the batch itself when a tensor,
     the first item of a tuple/list, or ``input_ids`` of a mapping (copied as a dict)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.oracles.base import ExpectOracle
+from harness.oracles.recovery import step_conflict
 from harness.oracles.timeline import (
     LEAD_RANK,
     NO_FAULT,
@@ -112,6 +113,10 @@ class CompletedOracle(ExpectOracle):
                 unit="steps",
                 expected=expected,
                 exit_code=evidence.exit_code,
+            )
+        if (conflict := step_conflict(journal)) is not None:
+            return self.not_judged(
+                conflict, unit="steps", expected=expected, exit_code=evidence.exit_code
             )
         missing: list[str] = []
         if evidence.exit_code is None:

@@ -8,11 +8,25 @@ from typing import Any
 from harness.oracles.base import ExpectOracle
 from harness.oracles.timeline import LEAD_RANK, NO_FAULT, good, lead_steps, plural, skipped
 from harness.oracles.verdict import Check, Evidence
-from harness.records.journal import Event
+from harness.records.journal import Event, Journal
 from harness.suites.scenario import MttrExpect
 
 #: Events that belong to an incident still being handled (besides skipped steps).
 INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
+
+
+def step_conflict(journal: Journal) -> str | None:
+    """Why step numbers cannot be trusted, when a resumed process's evidence disagreed
+    (its first batch trained after the step of the save it loaded); else None."""
+    for event in journal.of_kind("step"):
+        conflict = event.get("step_conflict")
+        if isinstance(conflict, dict):
+            return (
+                f"rank {event.rank}, attempt {event.restart}: its first batch was trained at "
+                f"step {conflict.get('batch_step')} before, but the save it loaded is of step "
+                f"{conflict.get('saved_step')}, so its step numbers are unknown"
+            )
+    return None
 
 
 @dataclass(frozen=True)
@@ -30,6 +44,8 @@ class LostStepsOracle(ExpectOracle):
     def judge(self, evidence: Evidence) -> Check:
         """Steps redone after rollbacks or restarts, plus surviving steps that were skipped."""
         expected = f"<= {plural(self.bound, 'step')}"
+        if (conflict := step_conflict(evidence.journal)) is not None:
+            return self.not_judged(conflict, unit="steps", expected=expected)
         steps = lead_steps(evidence.journal)
         if not steps:
             return self.not_judged(

@@ -131,6 +131,9 @@ class StepObserved(Reported):
     tokens: int = OMIT
     step_time: float = OMIT
     skipped: bool = OMIT
+    batch_fingerprint: str = OMIT
+    numbered_by: str = OMIT
+    step_conflict: dict[str, int] = OMIT
     docs: int = OMIT
     contaminated_docs: int = OMIT
     contaminated_kinds: dict[str, int] = OMIT

@@ -122,8 +122,30 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
                 ),
                 skipped=FieldSpec(
                     "bool",
-                    "Observed by the agent: the step ended with no update (no optimizer step "
-                    "and, for a trainer that updates by hand, parameters unchanged).",
+                    "Observed by the agent: the step ended with no update (no optimizer step; "
+                    "an optimizer step with no gradient at all; after a fault, an optimizer "
+                    "step that changed no parameter; for a trainer that updates by hand, "
+                    "parameters unchanged).",
+                ),
+                batch_fingerprint=FieldSpec(
+                    "str",
+                    "Observed by the attached agent: 16 hex digits hashing the dtype, shape "
+                    "and first 4,096 elements of the first tensor the step's forward received "
+                    "(its batch); a process that resumed from a save is numbered by the "
+                    "earlier step that trained on the same batch.",
+                ),
+                numbered_by=FieldSpec(
+                    "str",
+                    "First step of a process that loaded a save before training: `batch` "
+                    "(numbered after the earlier step that trained on its batch) or `save` "
+                    "(after the step at which the loaded file was saved).",
+                ),
+                step_conflict=FieldSpec(
+                    "object",
+                    "First step of a resumed process whose evidence disagrees: "
+                    "`{batch_step, saved_step}`, the step its batch was first trained at and "
+                    "the step of the save it loaded. `completed` and `max_lost_steps` are "
+                    "then not judged.",
                 ),
                 params_fingerprint=FieldSpec(
                     "str",
