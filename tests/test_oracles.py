@@ -19,6 +19,7 @@ from harness.oracles import (
     judge,
 )
 from harness.oracles.base import rounded
+from harness.oracles.timeline import corroborated, faults
 from harness.oracles.verdict import Evidence
 from harness.records.journal import Journal
 from harness.suites.scenario import DetectedExpect, Expect
@@ -125,6 +126,45 @@ def test_a_refused_file_is_a_checkpoint_integrity_detection(tmp_path: Path) -> N
     took = Run(tmp_path / "took").steps(1, 16).fault(16, "bitflip_file", file=snap)
     took.emit("file_loaded", 16, path=snap, sha256="c", intact=False)
     assert not detected.judge(took.steps(17, TARGET).end().evidence()).passed
+
+
+def test_a_claim_counts_only_beside_the_response_that_answers_its_fault(tmp_path: Path) -> None:
+    forecast = DetectedOracle(detectors=("forecast",))
+    # The step the claim names is skipped: the claim is backed.
+    backed = Run(tmp_path / "backed").steps(1, 14).fault(15).step(15, skipped=True)
+    check = forecast.judge(backed.detect(15, "forecast").steps(16, TARGET).end().evidence())
+    assert check.passed and check.figures["detection_step"] == 15
+    # Negative control: nothing answers the claim; a skip ten steps on answers something else.
+    later = Run(tmp_path / "later").steps(1, 14).fault(15).steps(15, 16).detect(16, "forecast")
+    later.steps(17, 24).step(25, skipped=True).steps(26, TARGET).end()
+    check = forecast.judge(later.evidence())
+    assert check.status == "failed"
+    assert "the trainer claimed forecast, but no observed response to the fault backs it" in (
+        check.detail
+    )
+
+
+def test_a_response_to_another_fault_backs_no_claim_about_the_first(tmp_path: Path) -> None:
+    run = Run(tmp_path).steps(1, 14).fault(15, plan_index=0).steps(15, 16)
+    run.fault(17, "lr_spike", plan_index=1).step(17, skipped=True).detect(17, "forecast")
+    evidence = run.steps(18, TARGET).end().evidence()
+    check = DetectedOracle().judge(evidence)
+    assert check.status == "failed" and "nan_grad at step 15 was never detected" in check.detail
+    # The same claim and skip do answer the fault they follow.
+    second = faults(evidence.journal)[1]
+    counted, words = corroborated(evidence.journal, second)
+    assert {d.detector for d in counted} == {"skipped_step", "forecast"} and not words
+
+
+def test_a_rollback_long_after_the_answer_is_not_the_answer(tmp_path: Path) -> None:
+    # The guard skips the faulted step; eight calm steps later something else rolls back.
+    run = Run(tmp_path).steps(1, 14).fault(15).step(15, skipped=True).steps(16, 22)
+    run.detect(22, "robust_zscore").rollback(22, to=17).steps(18, TARGET).end()
+    evidence = run.evidence()
+    assert DetectedOracle(within_steps=0).judge(evidence).passed
+    for late in ("rollback", "robust_zscore"):
+        check = DetectedOracle(detectors=(late,)).judge(evidence)
+        assert check.status == "failed", late
 
 
 def test_detected_is_not_judged_when_no_fault_was_injected(tmp_path: Path) -> None:
