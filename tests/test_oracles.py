@@ -228,6 +228,28 @@ def test_params_finite_fails_when_the_run_ends_on_an_unguarded_nan(tmp_path: Pat
     assert not check.passed and check.figures["first_bad_step"] == 30
 
 
+def test_params_finite_says_in_words_the_counts_its_figures_give(tmp_path: Path) -> None:
+    # Two looks saw non-finite weights; the last step's NaN loss, applied unchecked, is a
+    # third sign of them but no third observation.
+    run = Run(tmp_path).steps(1, 19).step(20, loss=1.0, params_finite=False).steps(21, 29)
+    check = ParamsFiniteOracle().judge(
+        run.step(30, loss=math.nan).end(params_finite=False).evidence()
+    )
+    assert (check.figure, check.figures["observations"]) == (3, 2)
+    assert check.detail == (
+        "3 signs of non-finite weights (2 of 2 observations saw them, 1 last step that applied "
+        "a non-finite loss), the first on rank 0 at step 20"
+    )
+    only = Run(tmp_path / "only").steps(1, 9, params_finite=True)
+    only.step(10, loss=1.0, params_finite=False).steps(11, TARGET, params_finite=True)
+    check = ParamsFiniteOracle().judge(only.end().evidence())
+    assert check.figure == 1
+    assert (
+        check.detail
+        == "1 of 30 observations saw non-finite weights, the first on rank 0 at step 10"
+    )
+
+
 def test_params_finite_is_not_judged_when_never_observed(tmp_path: Path) -> None:
     check = ParamsFiniteOracle().judge(Run(tmp_path).steps(1, TARGET).end().evidence())
     assert check.status == "not judged" and not check.passed and check.figure is None
