@@ -19,6 +19,7 @@ from harness.oracles import (
     judge,
 )
 from harness.oracles.base import rounded
+from harness.oracles.timeline import corroborated, faults
 from harness.oracles.verdict import Evidence
 from harness.records.journal import Journal
 from harness.suites.scenario import DetectedExpect, Expect
@@ -127,6 +128,45 @@ def test_a_refused_file_is_a_checkpoint_integrity_detection(tmp_path: Path) -> N
     assert not detected.judge(took.steps(17, TARGET).end().evidence()).passed
 
 
+def test_a_claim_counts_only_beside_the_response_that_answers_its_fault(tmp_path: Path) -> None:
+    forecast = DetectedOracle(detectors=("forecast",))
+    # The step the claim names is skipped: the claim is backed.
+    backed = Run(tmp_path / "backed").steps(1, 14).fault(15).step(15, skipped=True)
+    check = forecast.judge(backed.detect(15, "forecast").steps(16, TARGET).end().evidence())
+    assert check.passed and check.figures["detection_step"] == 15
+    # Negative control: nothing answers the claim; a skip ten steps on answers something else.
+    later = Run(tmp_path / "later").steps(1, 14).fault(15).steps(15, 16).detect(16, "forecast")
+    later.steps(17, 24).step(25, skipped=True).steps(26, TARGET).end()
+    check = forecast.judge(later.evidence())
+    assert check.status == "failed"
+    assert "the trainer claimed forecast, but no observed response to the fault backs it" in (
+        check.detail
+    )
+
+
+def test_a_response_to_another_fault_backs_no_claim_about_the_first(tmp_path: Path) -> None:
+    run = Run(tmp_path).steps(1, 14).fault(15, plan_index=0).steps(15, 16)
+    run.fault(17, "lr_spike", plan_index=1).step(17, skipped=True).detect(17, "forecast")
+    evidence = run.steps(18, TARGET).end().evidence()
+    check = DetectedOracle().judge(evidence)
+    assert check.status == "failed" and "nan_grad at step 15 was never detected" in check.detail
+    # The same claim and skip do answer the fault they follow.
+    second = faults(evidence.journal)[1]
+    counted, words = corroborated(evidence.journal, second)
+    assert {d.detector for d in counted} == {"skipped_step", "forecast"} and not words
+
+
+def test_a_rollback_long_after_the_answer_is_not_the_answer(tmp_path: Path) -> None:
+    # The guard skips the faulted step; eight calm steps later something else rolls back.
+    run = Run(tmp_path).steps(1, 14).fault(15).step(15, skipped=True).steps(16, 22)
+    run.detect(22, "robust_zscore").rollback(22, to=17).steps(18, TARGET).end()
+    evidence = run.evidence()
+    assert DetectedOracle(within_steps=0).judge(evidence).passed
+    for late in ("rollback", "robust_zscore"):
+        check = DetectedOracle(detectors=(late,)).judge(evidence)
+        assert check.status == "failed", late
+
+
 def test_detected_is_not_judged_when_no_fault_was_injected(tmp_path: Path) -> None:
     check = DetectedOracle().judge(clean_run(tmp_path).evidence())
     assert check.status == "not judged" and not check.passed and check.figure is None
@@ -186,6 +226,28 @@ def test_params_finite_fails_when_the_run_ends_on_an_unguarded_nan(tmp_path: Pat
     run = Run(tmp_path).steps(1, 29, params_finite=True).step(30, loss=math.inf)
     check = ParamsFiniteOracle().judge(run.end().evidence())
     assert not check.passed and check.figures["first_bad_step"] == 30
+
+
+def test_params_finite_says_in_words_the_counts_its_figures_give(tmp_path: Path) -> None:
+    # Two looks saw non-finite weights; the last step's NaN loss, applied unchecked, is a
+    # third sign of them but no third observation.
+    run = Run(tmp_path).steps(1, 19).step(20, loss=1.0, params_finite=False).steps(21, 29)
+    check = ParamsFiniteOracle().judge(
+        run.step(30, loss=math.nan).end(params_finite=False).evidence()
+    )
+    assert (check.figure, check.figures["observations"]) == (3, 2)
+    assert check.detail == (
+        "3 signs of non-finite weights (2 of 2 observations saw them, 1 last step that applied "
+        "a non-finite loss), the first on rank 0 at step 20"
+    )
+    only = Run(tmp_path / "only").steps(1, 9, params_finite=True)
+    only.step(10, loss=1.0, params_finite=False).steps(11, TARGET, params_finite=True)
+    check = ParamsFiniteOracle().judge(only.end().evidence())
+    assert check.figure == 1
+    assert (
+        check.detail
+        == "1 of 30 observations saw non-finite weights, the first on rank 0 at step 10"
+    )
 
 
 def test_params_finite_is_not_judged_when_never_observed(tmp_path: Path) -> None:

@@ -45,19 +45,21 @@ def save(run_dir: Path, name: str, data: bytes, parent: str | None = None) -> Pa
     return folder
 
 
-def saved_run(run_dir: Path) -> Run:
+def saved_run(run_dir: Path, world_size: int = 1) -> Run:
     """Checkpoints at steps 10 (full) and 20 (a delta on it), journaled as saved."""
-    run = Run(run_dir).steps(1, 10)
+    run = Run(run_dir, world_size).steps(1, 10)
     run.emit("checkpoint_saved", 10, path=str(save(run_dir, FULL, bytes(range(256)) * 40)))
     run.steps(11, 20)
     folder = save(run_dir, DELTA, b"delta" * 300, parent=FULL)
     return run.emit("checkpoint_saved", 20, path=str(folder))
 
 
-def journal_damage(run: Run, step: int, records: list[Injection]) -> None:
+def journal_damage(run: Run, step: int, records: list[Injection], rank: int = 0) -> None:
     """Journal what a fault did, as the agent does."""
     for rec in records:
-        run.emit("fault_injected", step, fault=rec.fault, target=rec.target, details=rec.details)
+        run.emit(
+            "fault_injected", step, rank, fault=rec.fault, target=rec.target, details=rec.details
+        )
 
 
 def resume(run: Run, step: int = 25) -> Check:
@@ -176,3 +178,40 @@ def test_no_load_is_not_judged(tmp_path: Path) -> None:
     assert check.status == "not judged" and not check.passed and check.figure is None
     assert check.detail.startswith("no checkpoint load was observed")
     assert check.figures == {"loads": 0, "unverifiable": 0}
+
+
+def raced_load(run_dir: Path, fault_step: int, *, read_damaged: bool = False) -> Check:
+    """Two ranks roll back to step 20 at step 25; rank 0 loads, then its bit flip hits the
+    folder at ``fault_step``; rank 1 reports its load of that folder after the flip, its
+    agent's check of the folder (made then) corrupt. With ``read_damaged``, rank 1's agent
+    also hashed the bytes it loaded and they match no save of the file."""
+    run = saved_run(run_dir, world_size=2).steps(21, 25)
+    folder = run_dir / "checkpoints" / DELTA
+    run.emit("checkpoint_loaded", 25, 0, path=str(folder), verified="intact")
+    flip = BitflipFileInjector(BitflipFileSpec(at_step=1, checkpoint=DELTA))
+    journal_damage(run, fault_step, damage(flip, run_dir))
+    if read_damaged:
+        path, sha = str(folder / "delta.bin"), "b" * 64
+        run.emit("file_loaded", 25, 1, path=path, sha256=sha, saved_step=20, intact=False)
+    reason = "delta.bin does not match its SHA-256"
+    run.emit(
+        "checkpoint_loaded", 25, 1, path=str(folder), verified="corrupt", verified_reason=reason
+    )
+    run.steps(21, TARGET).end()
+    return NoCorruptCheckpointLoadedOracle().judge(run.evidence())
+
+
+def test_a_load_racing_a_fault_on_another_rank_is_not_called_corrupt(tmp_path: Path) -> None:
+    # The agent's check came after the flip: it says nothing of the bytes rank 1 read.
+    check = raced_load(tmp_path / "raced", 25)
+    assert check.passed, check.detail
+    assert check.figures == {"loads": 2, "unverifiable": 1}
+    # Negative control: the same flip a step before the load is damage rank 1 loaded.
+    check = raced_load(tmp_path / "earlier", 24)
+    assert not check.passed and "bitflip_file hit step-00000020 at step 24" in check.detail
+
+
+def test_bytes_seen_damaged_when_loaded_fail_even_while_a_fault_races(tmp_path: Path) -> None:
+    check = raced_load(tmp_path, 25, read_damaged=True)
+    assert not check.passed and check.figure == 1
+    assert "delta.bin (its bytes differ from those saved at step 20)" in check.detail

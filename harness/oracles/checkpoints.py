@@ -116,7 +116,8 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
             # Nothing corrupt was found because nothing could be looked at.
             return self.not_judged(
                 f"{plural(len(loads), 'load')}, none verifiable: each names no path, or its "
-                "checkpoint is gone from disk or was damaged or saved again after the load",
+                "checkpoint is gone from disk, was damaged or saved again after the load, or "
+                "was damaged on another rank while it loaded",
                 unit="",
                 expected=expected,
                 loads=len(loads),
@@ -129,7 +130,9 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
         else:
             detail = f"{plural(len(loads), 'load')}, none of a corrupt checkpoint"
             if unverifiable:
-                detail += f" ({unverifiable} no longer verifiable on disk)"
+                detail += (
+                    f" ({unverifiable} not verifiable: gone, or damaged after or while loaded)"
+                )
         return self.verdict(
             not corrupt,
             len(corrupt),
@@ -141,11 +144,19 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
         )
 
 
+def _raced(fault: Event, load: Event) -> bool:
+    """Whether a fault on another rank struck in the step and attempt of a load: the load
+    event comes when the load has finished, so the damage may have landed after the bytes
+    were read (the ranks of a rollback load together while rank 0's fault fires)."""
+    return fault.rank != load.rank and (fault.step, fault.restart) == (load.step, load.restart)
+
+
 def _judge_load(
     load: _Load, hits: list[tuple[Event, list[Path]]], saves: list[Event]
 ) -> tuple[Literal["intact", "corrupt", "unverifiable"], str]:
     """Whether one load was of a corrupt checkpoint, and why; unverifiable when the files
-    are gone, or were damaged or saved again after the load."""
+    are gone, or were damaged or saved again after the load, or damaged by a fault that
+    raced it (nothing then shows whether the bytes it read were damaged)."""
     wall = load.event.wall
 
     def saved(name: str, after: float, before: float) -> bool:
@@ -154,17 +165,25 @@ def _judge_load(
             for s in saves
         )
 
+    raced = ""
     for fault, paths in hits:
         if fault.wall >= wall:
             continue
         for name in sorted(load.names(paths)):
             # A checkpoint saved again under the same name after the damage is a new one.
-            if not saved(name, fault.wall, wall):
-                return "corrupt", f"{fault.get('fault', 'a fault')} hit {name} at step {fault.step}"
+            if saved(name, fault.wall, wall):
+                continue
+            why = f"{fault.get('fault', 'a fault')} hit {name} at step {fault.step}"
+            if not _raced(fault, load.event):
+                return "corrupt", why
+            raced = raced or f"{why} on rank {fault.rank} while rank {load.event.rank} loaded it"
     # The agent checked the folder when it was loaded: that outlives the folder itself.
     recorded = load.event.get("verified")
     if recorded == "intact":
         return "intact", ""
+    if raced:
+        # The agent's check, made after the read, saw the damage, not the bytes read.
+        return "unverifiable", raced
     if recorded == "corrupt":
         return "corrupt", str(load.event.get("verified_reason", "corrupt when loaded"))
     state = load.state

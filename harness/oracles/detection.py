@@ -2,7 +2,8 @@
 
 Detection is judged from what the run did (`harness.oracles.timeline.responses`): the
 faulted step skipped, a rollback, a restart, a damaged file refused. A trainer's own
-claims (``detected`` events) count only when such a response backs them."""
+claims (``detected`` events) count only when the response that answers the same fault
+backs them (`harness.oracles.timeline.corroborated`)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,13 @@ class DetectedOracle(ExpectOracle):
             others = sorted({d.detector for d in after})
             by = f" by {' or '.join(self.detectors)}" if self.detectors else ""
             besides = f"; only {', '.join(others)} fired" if others else ""
-            if words:
-                claimed = ", ".join(sorted({d.detector for d in words}))
+            claimed = ", ".join(sorted({d.detector for d in words if d.detector not in others}))
+            if claimed and others:
+                besides += (
+                    f"; the trainer claimed {claimed}, but no observed response to the fault "
+                    "backs it"
+                )
+            elif claimed:
                 besides += (
                     f"; the trainer claimed {claimed}, but nothing it did shows it (no step "
                     "skipped, rolled back or restarted, no file refused)"

@@ -40,18 +40,22 @@ class ParamsFiniteOracle(ExpectOracle):
         return [e for e in journal.of_kind("step", "run_end") if "params_finite" in e.fields]
 
     def judge(self, evidence: Evidence) -> Check:
-        """Count of observations of non-finite parameters or of an unguarded NaN loss."""
+        """Count of observations of non-finite parameters and of last steps that applied a
+        non-finite loss, said alike in the figure and the detail."""
         journal = evidence.journal
         observed = self.observed(journal)
-        bad = [e for e in observed if e.get("params_finite") is not True]
+        seen = [e for e in observed if e.get("params_finite") is not True]
+        # A non-finite loss that was not skipped went into the weights the run ended with:
+        # evidence too, but no observation of the weights (counted apart in the detail).
+        unguarded = []
         for rank in journal.ranks:
             steps = journal.steps(rank)
             if not steps:
                 continue
             last = steps[max(steps)]
-            # A non-finite loss that was not skipped went into the weights the run ended with.
-            if not finite(last.get("loss")) and not skipped(last) and last not in bad:
-                bad.append(last)
+            if not finite(last.get("loss")) and not skipped(last) and last not in seen:
+                unguarded.append(last)
+        bad = [*seen, *unguarded]
         if not observed and not bad:
             return self.not_judged(
                 "never observed: no step or run_end event carries params_finite",
@@ -60,10 +64,15 @@ class ParamsFiniteOracle(ExpectOracle):
             )
         if bad:
             first = min(bad, key=lambda e: e.wall)
-            detail = (
-                f"{plural(len(bad), 'observation')} of non-finite weights, the first on rank "
-                f"{first.rank} at step {first.step}"
-            )
+            where = f"the first on rank {first.rank} at step {first.step}"
+            saw = f"{len(seen)} of {plural(len(observed), 'observation')}"
+            applied = f"{plural(len(unguarded), 'last step')} that applied a non-finite loss"
+            if not unguarded:
+                detail = f"{saw} saw non-finite weights, {where}"
+            else:
+                # The figure counts both kinds; the words say how many of each.
+                parts = f"{saw} saw them, {applied}" if seen else applied
+                detail = f"{plural(len(bad), 'sign')} of non-finite weights ({parts}), {where}"
         else:
             detail = f"parameters finite at all {plural(len(observed), 'observation')}"
         return self.verdict(

@@ -7,10 +7,12 @@ missing evidence into a failing check, never into a traceback.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from faults.registry import kinds as registered_kinds
 from harness.records.journal import Event, Journal
 
 #: The rank whose steps tell the run's progress (every rank reports the same global loss).
@@ -109,10 +111,52 @@ def detections(journal: Journal) -> list[Detection]:
 
 #: Detectors whose evidence the agent observed itself (no trainer's word in it).
 OBSERVED = ("skipped_step", "rollback", "restart", "checkpoint_integrity", "gradient_repaired")
+#: How many of its own rank's steps a claim may come before the response that backs it:
+#: a mechanism acts on its detection in the same step or soon after (a loss scale raised
+#: on a stalled layer overflows a few steps later); a response further on answers
+#: something else.
+BACKING_STEPS = 5
+
+
+def plan_index(fault: Event) -> int | None:
+    """The plan entry a `fault_injected` event belongs to; None when it names none."""
+    details = fault.get("details")
+    index = details.get("plan_index") if isinstance(details, dict) else None
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
+
+
+def same_fault(a: Event, b: Event) -> bool:
+    """True when two `fault_injected` events are one fault of the plan: the same plan entry
+    (one that fires on several ranks, or every step), or, where the journal names no plan
+    entry, the same kind at the same target."""
+    if plan_index(a) is not None or plan_index(b) is not None:
+        return plan_index(a) == plan_index(b)
+    return bool(a.get("fault") == b.get("fault") and a.get("target") == b.get("target"))
+
+
+def damages_checkpoints(fault: Event) -> bool:
+    """True when a `fault_injected` event is of a checkpoint fault: its damage shows at the
+    next load, however many other faults come first."""
+    kind = registered_kinds().get(str(fault.get("fault")))
+    if kind is not None:
+        return kind.spec.fault_class == "checkpoint"
+    return bool(damaged_paths(fault, with_target=False))
+
+
+def _calm(step: Event, trained: set[int]) -> bool:
+    """A rank-0 step that trains on as if nothing happened: a new step number, updated
+    with finite loss and gradients it did not need repaired."""
+    return step.step not in trained and good(step) and step.get("grads_repaired") is not True
 
 
 def responses(journal: Journal, fault: Event) -> list[Detection]:
-    """What the run observably did about a fault, whatever it claimed, in journal order:
+    """What the run observably did to answer a fault, whatever it claimed, in journal order.
+
+    The answer starts at the first response at or after the fault and lasts until rank 0
+    trains a calm step again; a later skip or rollback answers something else. A response
+    past the injection of another fault of the plan answers that one, except a refused
+    file, which answers the checkpoint fault whose damage it met (up to the next one).
+    Responses:
 
     - ``skipped_step``: a step at or after the fault ended with no update (any rank);
     - ``gradient_repaired``: a step at or after the fault updated with gradients the agent
@@ -126,20 +170,34 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
     found: list[Detection] = []
     trained: set[int] = set()
     failed: list[Event] = []
+    seen = other_fault = other_checkpoint_fault = False
+    answer: bool | None = None  # None: not begun; True: going on; False: over
     for event in journal:
+        if event is fault:
+            seen = True
+        elif seen and event.kind == "fault_injected" and not same_fault(event, fault):
+            other_fault = True
+            other_checkpoint_fault = other_checkpoint_fault or damages_checkpoints(event)
+        if other_checkpoint_fault:
+            break
         after = at_or_after(event, fault)
+        detector = None
         if event.kind == "step" and event.rank == LEAD_RANK:
             if after and event.step in trained:
-                found.append(Detection(event, "rollback"))
+                detector = "rollback"
+            elif after and answer and _calm(event, trained):
+                answer = False
             trained.add(event.step)
         if not after:
             continue
-        if event.kind == "step" and skipped(event):
-            found.append(Detection(event, "skipped_step"))
+        if detector is not None:
+            pass
+        elif event.kind == "step" and skipped(event):
+            detector = "skipped_step"
         elif event.kind == "step" and event.get("grads_repaired") is True:
-            found.append(Detection(event, "gradient_repaired"))
+            detector = "gradient_repaired"
         elif event.kind == "restart":
-            found.append(Detection(event, "restart"))
+            detector = "restart"
         elif event.kind == "file_load_failed":
             failed.append(event)
         elif event.kind == "file_loaded":
@@ -148,19 +206,46 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
                 event.get("intact") is True and damaged and path not in damaged
             ):
                 found.append(Detection(event, "checkpoint_integrity"))
+        if detector is not None and not other_fault and answer is not False:
+            answer = True
+            found.append(Detection(event, detector))
     return found
 
 
+def _backs(response: Event, claim: Event, between: int) -> bool:
+    """Whether an observed response backs a claim: on the claim's rank or rank 0, and
+    either of the claim's own step and attempt or at most `BACKING_STEPS` of the claim's
+    rank's steps after it (``between``: how many lie between them)."""
+    if response.rank not in (claim.rank, LEAD_RANK):
+        return False
+    if (response.step, response.restart) == (claim.step, claim.restart):
+        return True
+    return response.wall >= claim.wall and 0 <= between <= BACKING_STEPS
+
+
 def corroborated(journal: Journal, fault: Event) -> tuple[list[Detection], list[Detection]]:
-    """(detections that count, claims that do not): what was observed, and the trainer's
-    claims at or after the fault when an observed response backs them; a claim with no
-    observed response behind it is only a word."""
+    """(detections that count, claims that do not): what was observed in answer to the
+    fault (`responses`), and the trainer's claims at or after the fault that such a
+    response backs (`_backs`); a claim no response to this fault backs is only a word."""
     observed = responses(journal, fault)
     claims = [d for d in detections(journal) if at_or_after(d.event, fault)]
-    if not observed:
-        return [], claims
-    counted = sorted([*observed, *claims], key=lambda d: d.event.wall)
-    return counted, []
+    position = {id(e): n for n, e in enumerate(journal)}
+    steps_by_rank: dict[int, list[int]] = {}
+    for n, e in enumerate(journal):
+        if e.kind == "step":
+            steps_by_rank.setdefault(e.rank, []).append(n)
+    counted: list[Detection] = []
+    words: list[Detection] = []
+    for claim in claims:
+        steps = steps_by_rank.get(claim.event.rank, [])
+        at = position[id(claim.event)]
+
+        def between(response: Event, steps: list[int] = steps, at: int = at) -> int:
+            return bisect_left(steps, position[id(response)]) - bisect_right(steps, at)
+
+        backed = any(_backs(r.event, claim.event, between(r.event)) for r in observed)
+        (counted if backed else words).append(claim)
+    return sorted([*observed, *counted], key=lambda d: d.event.wall), words
 
 
 def damaged_paths(fault: Event, *, with_target: bool = True) -> list[Path]:
