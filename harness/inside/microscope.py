@@ -38,6 +38,7 @@ from torch.utils.hooks import RemovableHandle
 
 from harness.errors import TightropeError
 from harness.inside.comm_timing import CommTimer
+from harness.inside.files import add_file_listener, remove_file_listener
 from harness.inside.latency_probe import probe
 from harness.inside.layer_figures import (
     Layers,
@@ -48,6 +49,7 @@ from harness.inside.layer_figures import (
     update_ratios,
     weight_norms,
 )
+from harness.inside.output_hooks import OutputHook, SavesWithoutOutputHooks, saves_watched
 from harness.records.microscope_file import (
     MICROSCOPE_ENV,
     N_BINS,
@@ -147,6 +149,7 @@ class Microscope:
         self._model: nn.Module | None = None
         self._layers: Layers | None = None
         self._hooks: list[RemovableHandle] = []
+        self._saves = SavesWithoutOutputHooks()
         self._hist: np.ndarray | None = None
         self._grads: np.ndarray | None = None
         self._before: list[list[torch.Tensor]] | None = None
@@ -192,7 +195,8 @@ class Microscope:
         """A step begins: the last one is final; probes run when due. The output hooks stay
         in from step to step (a compiled model would be traced again at every change);
         they go in again, last, when the step's faults hooked the model, so they see what
-        the faults did."""
+        the faults did. They copy and pickle as hooks that do nothing, and leave the
+        modules while a watched save runs (harness/inside/output_hooks.py)."""
         self._finish_pending()
         self._step = step
         self._grads = self._before = self._ratios = None
@@ -214,17 +218,17 @@ class Microscope:
             self._remove_hooks()
             for i, name in enumerate(layers.names):
                 for module in layers.modules.get(name, []):
-                    self._hooks.append(module.register_forward_hook(self._output_hook(i)))
+                    self._hooks.append(module.register_forward_hook(OutputHook(self._see, i)))
+            if saves_watched():
+                add_file_listener(self._saves)
 
-    def _output_hook(self, index: int) -> Callable[..., None]:
-        def record(module: nn.Module, args: Any, output: Any) -> None:
-            if self._hist is not None and isinstance(output, torch.Tensor):
-                try:
-                    self._hist[index] += histogram(output)
-                except Exception as exc:  # raised again at end_step, out of the forward
-                    self._hist, self._failed = None, exc
-
-        return record
+    def _see(self, index: int, output: Any) -> None:
+        """Layer ``index`` computed ``output`` (its output hook calls this)."""
+        if self._hist is not None and isinstance(output, torch.Tensor):
+            try:
+                self._hist[index] += histogram(output)
+            except Exception as exc:  # raised again at end_step, out of the forward
+                self._hist, self._failed = None, exc
 
     def after_backward(self) -> None:
         """Gradients exist: each layer's norm (the last backward of the step counts)."""
@@ -335,3 +339,4 @@ class Microscope:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        remove_file_listener(self._saves)
