@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 import harness
 from faults import FaultPlan
 from harness.inside.attach import AttachedAgent
-from harness.inside.output_hooks import OutputHook
+from harness.inside.hooks import OutputHook
 from harness.records.microscope_file import read_microscope
 
 from .side_effects_support import (

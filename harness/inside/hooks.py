@@ -28,7 +28,17 @@ class Inert:
         return None
 
 
-class GradientHook:
+class _InertCopies:
+    """A hook that copies (``copy.deepcopy``) and pickles as `Inert`."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
+
+
+class GradientHook(_InertCopies):
     """A post-accumulate-grad hook that hands one parameter's gradient to a fault.
 
     Copies of the model (``copy.deepcopy``, pickling) get no agent: the hook copies and
@@ -40,12 +50,6 @@ class GradientHook:
     def __call__(self, param: torch.Tensor) -> None:
         if param.grad is not None:
             self.injector.on_gradient(self.agent.context(), self.name, param.grad)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
-        return Inert()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Inert, ())
 
 
 # -- torch.Tensor.backward, wrapped while anything listens --------------------------------
@@ -96,7 +100,7 @@ def remove_backward_listener(listener: BackwardListener) -> None:
         _original_backward = None
 
 
-class ForwardHook:
+class ForwardHook(_InertCopies):
     """The model's forward pre-hook. A copy of the model (``copy.deepcopy``, pickling)
     gets no agent: the hook copies as one that does nothing, and saves strip it."""
 
@@ -109,22 +113,6 @@ class ForwardHook:
         if module is not self.attached.agent.model:
             return None
         return self.attached.on_forward(module, args, kwargs)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
-        return Inert()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Inert, ())
-
-
-class _InertCopies:
-    """A hook that copies (``copy.deepcopy``) and pickles as `Inert`."""
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
-        return Inert()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Inert, ())
 
 
 class StepBeginHook(_InertCopies):
@@ -177,25 +165,48 @@ def with_closure(
     return None
 
 
+class OutputHook(_InertCopies):
+    """The microscope's forward hook on one layer's module: hands its output to ``see``
+    with the layer's index."""
+
+    def __init__(self, see: Callable[[int, Any], None], index: int) -> None:
+        self.see, self.index = see, index
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.see(self.index, output)
+
+
+#: What `strip_hooks` takes off a module while it is saved: (hook table, hook classes).
+_OURS = (
+    ("_forward_pre_hooks", (ForwardHook, Inert)),
+    ("_forward_hooks", (OutputHook, Inert)),
+)
+
+
 def strip_hooks(obj: object) -> Callable[[], None]:
-    """Take the agent's hooks (and inert copies of them) off every module in ``obj`` (a
-    module, or a dict, list or tuple holding modules); returns what puts them back."""
+    """Take the agent's and the microscope's hooks (and inert copies of them) off every
+    module in ``obj`` (a module, or a dict, list or tuple holding modules); returns what
+    puts them back, each table whole and in its old order (a trainer's own hooks may
+    depend on running first)."""
     modules = [obj] if isinstance(obj, nn.Module) else []
     if isinstance(obj, dict):
         modules = [v for v in obj.values() if isinstance(v, nn.Module)]
     elif isinstance(obj, (list, tuple)):
         modules = [v for v in obj if isinstance(v, nn.Module)]
-    taken: list[tuple[dict[int, Any], int, Any]] = []
+    taken: list[tuple[dict[int, Any], list[tuple[int, Any]]]] = []
     for root in modules:
         for module in root.modules():
-            hooks = module._forward_pre_hooks
-            for key, hook in list(hooks.items()):
-                if isinstance(hook, (ForwardHook, Inert)):
-                    taken.append((hooks, key, hook))
-                    del hooks[key]
+            for table, ours in _OURS:
+                hooks = getattr(module, table)
+                if any(isinstance(hook, ours) for hook in hooks.values()):
+                    taken.append((hooks, list(hooks.items())))
+                    for key, hook in list(hooks.items()):
+                        if isinstance(hook, ours):
+                            del hooks[key]
 
     def restore() -> None:
-        for hooks, key, hook in taken:
-            hooks[key] = hook
+        for hooks, items in taken:
+            hooks.clear()
+            hooks.update(items)
 
     return restore

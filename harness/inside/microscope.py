@@ -38,7 +38,7 @@ from torch.utils.hooks import RemovableHandle
 
 from harness.errors import TightropeError
 from harness.inside.comm_timing import CommTimer
-from harness.inside.files import add_file_listener, remove_file_listener
+from harness.inside.hooks import OutputHook
 from harness.inside.latency_probe import probe
 from harness.inside.layer_figures import (
     Layers,
@@ -49,7 +49,6 @@ from harness.inside.layer_figures import (
     update_ratios,
     weight_norms,
 )
-from harness.inside.output_hooks import OutputHook, SavesWithoutOutputHooks, saves_watched
 from harness.records.microscope_file import (
     MICROSCOPE_ENV,
     N_BINS,
@@ -149,7 +148,6 @@ class Microscope:
         self._model: nn.Module | None = None
         self._layers: Layers | None = None
         self._hooks: list[RemovableHandle] = []
-        self._saves = SavesWithoutOutputHooks()
         self._hist: np.ndarray | None = None
         self._grads: np.ndarray | None = None
         self._before: list[list[torch.Tensor]] | None = None
@@ -196,7 +194,7 @@ class Microscope:
         in from step to step (a compiled model would be traced again at every change);
         they go in again, last, when the step's faults hooked the model, so they see what
         the faults did. They copy and pickle as hooks that do nothing, and leave the
-        modules while a watched save runs (harness/inside/output_hooks.py)."""
+        modules while an attached agent's watched save runs (`harness.inside.hooks.strip_hooks`)."""
         self._finish_pending()
         self._step = step
         self._grads = self._before = self._ratios = None
@@ -219,8 +217,6 @@ class Microscope:
             for i, name in enumerate(layers.names):
                 for module in layers.modules.get(name, []):
                     self._hooks.append(module.register_forward_hook(OutputHook(self._see, i)))
-            if saves_watched():
-                add_file_listener(self._saves)
 
     def _see(self, index: int, output: Any) -> None:
         """Layer ``index`` computed ``output`` (its output hook calls this)."""
@@ -339,4 +335,3 @@ class Microscope:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        remove_file_listener(self._saves)
