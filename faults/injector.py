@@ -46,6 +46,25 @@ from faults.spec import FaultSpec
 SpecT = TypeVar("SpecT", bound=FaultSpec)
 
 
+class Inert:
+    """What a hook of tightrope's on a trainer's model becomes in a copy of it
+    (``copy.deepcopy``, pickling): a hook that does nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class InertCopies:
+    """A hook that copies (``copy.deepcopy``) and pickles as `Inert`: a trainer's copy of
+    its model (an EMA, a whole-module save) carries no fault and no agent."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
+        return Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Inert, ())
+
+
 @dataclass(slots=True)
 class StepContext:
     """What an injector may touch at one step on one rank."""

@@ -10,7 +10,6 @@ being untouched.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
@@ -25,6 +24,7 @@ else:
 from faults.errors import InjectionError
 from faults.gradient import GradientFaultSpec, GradientInjector, no_match
 from faults.injector import (
+    InertCopies,
     Injection,
     Injector,
     StepContext,
@@ -215,6 +215,29 @@ class ActivationOverflowSpec(FaultSpec):
     )
 
 
+class OutputScaler(InertCopies):
+    """The forward hook of `ActivationOverflowInjector`: multiplies a module's output (a
+    copy of the model made during the faulted step gets a hook that does nothing)."""
+
+    def __init__(self, name: str, factor: float) -> None:
+        self.name, self.factor = name, factor
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        factor = self.factor
+        if isinstance(output, torch.Tensor):
+            return output * factor
+        if isinstance(output, (tuple, list)) and output and torch.is_tensor(output[0]):
+            items = [output[0] * factor, *output[1:]]
+            # A named tuple takes its fields as positional arguments.
+            return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)
+        # Raised in the forward pass rather than passed through: a fault that silently
+        # does nothing would make the experiment look like a clean survival.
+        raise InjectionError(
+            f"activation_overflow: output of module {self.name!r} is "
+            f"{type(output).__name__}, not a tensor or a tuple starting with one"
+        )
+
+
 class ActivationOverflowInjector(Injector[ActivationOverflowSpec]):
     """Forward hooks installed before the forward pass and removed when the step ends."""
 
@@ -232,7 +255,7 @@ class ActivationOverflowInjector(Injector[ActivationOverflowSpec]):
             raise no_match(spec.kind, "module", spec.target, names)
         self._remove()
         for name, module in modules:
-            self._handles.append(module.register_forward_hook(self._scaler(name)))
+            self._handles.append(module.register_forward_hook(OutputScaler(name, self.spec.factor)))
         details = {"modules": [name for name, _ in modules], "factor": spec.factor}
         return [Injection(fault=spec.kind, target=spec.target, details=details)]
 
@@ -245,22 +268,3 @@ class ActivationOverflowInjector(Injector[ActivationOverflowSpec]):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-
-    def _scaler(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], Any], Any]:
-        factor = self.spec.factor
-
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-            if isinstance(output, torch.Tensor):
-                return output * factor
-            if isinstance(output, (tuple, list)) and output and torch.is_tensor(output[0]):
-                items = [output[0] * factor, *output[1:]]
-                # A named tuple takes its fields as positional arguments.
-                return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)
-            # Raised in the forward pass rather than passed through: a fault that silently
-            # does nothing would make the experiment look like a clean survival.
-            raise InjectionError(
-                f"activation_overflow: output of module {name!r} is "
-                f"{type(output).__name__}, not a tensor or a tuple starting with one"
-            )
-
-        return hook

@@ -11,6 +11,7 @@ end show the checks catch such a hook.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import pickle
@@ -39,9 +40,11 @@ from .side_effects_support import (
     Trained,
     batches,
     hooks_of,
+    live,
     loss_of,
     make_model,
     make_optimizer,
+    probe_input,
     state_keys,
     train,
 )
@@ -323,3 +326,32 @@ def test_a_hook_that_changes_the_numbers_is_caught(plain: Trained) -> None:
     _nudging_hook(model)
     trained = train(model, make_optimizer(model))
     assert not torch.equal(torch.stack(trained.losses), torch.stack(plain.losses))
+
+
+@pytest.mark.parametrize("copy_of", ["torch_save", "pickle", "deepcopy"])
+def test_a_copy_made_while_activations_overflow_carries_no_fault(
+    tmp_path: Path, copy_of: str
+) -> None:
+    model = make_model()
+    plan = FaultPlan.from_dict(
+        {"faults": [{"kind": "activation_overflow", "at_step": 1, "target": "0", "factor": 1e4}]}
+    )
+    x = probe_input()
+    with torch.no_grad():
+        clean = model(x)
+    with harness.attach(model, make_optimizer(model), run_dir=tmp_path, plan=plan) as agent:
+        agent.open_step()  # step 1 opens: the fault's forward hook is on the first layer
+        with torch.no_grad():
+            assert not torch.equal(model(x), clean)  # the fault acts on the live model
+        if copy_of == "torch_save":
+            buffer = io.BytesIO()
+            torch.save(model, buffer)
+            assert b"faults" not in buffer.getvalue()
+            twin = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+        elif copy_of == "pickle":
+            twin = pickle.loads(pickle.dumps(model))
+        else:
+            twin = copy.deepcopy(model)
+        assert not [h for h in hooks_of(twin) if live(h)]
+        with torch.no_grad():
+            assert torch.equal(twin(x), clean)  # the copy computes as if no fault were on

@@ -15,30 +15,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from faults.injector import Inert, InertCopies
+from faults.numeric import OutputScaler
+
 if TYPE_CHECKING:
     from faults import Injector
     from harness.inside.agent import Agent
     from harness.inside.attach import AttachedAgent
 
 
-class Inert:
-    """What an agent's hook becomes in a copy of the model: a hook that does nothing."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-class _InertCopies:
-    """A hook that copies (``copy.deepcopy``) and pickles as `Inert`."""
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Inert:
-        return Inert()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Inert, ())
-
-
-class GradientHook(_InertCopies):
+class GradientHook(InertCopies):
     """A post-accumulate-grad hook that hands one parameter's gradient to a fault.
 
     Copies of the model (``copy.deepcopy``, pickling) get no agent: the hook copies and
@@ -100,7 +86,7 @@ def remove_backward_listener(listener: BackwardListener) -> None:
         _original_backward = None
 
 
-class ForwardHook(_InertCopies):
+class ForwardHook(InertCopies):
     """The model's forward pre-hook. A copy of the model (``copy.deepcopy``, pickling)
     gets no agent: the hook copies as one that does nothing, and saves strip it."""
 
@@ -115,7 +101,7 @@ class ForwardHook(_InertCopies):
         return self.attached.on_forward(module, args, kwargs)
 
 
-class StepBeginHook(_InertCopies):
+class StepBeginHook(InertCopies):
     """An optimizer step pre-hook (it may wrap the step's closure)."""
 
     def __init__(self, attached: AttachedAgent) -> None:
@@ -127,7 +113,7 @@ class StepBeginHook(_InertCopies):
         return self.attached.on_step_begin(optimizer, args, kwargs)
 
 
-class StepEndHook(_InertCopies):
+class StepEndHook(InertCopies):
     """An optimizer step post-hook."""
 
     def __init__(self, attached: AttachedAgent) -> None:
@@ -165,7 +151,7 @@ def with_closure(
     return None
 
 
-class OutputHook(_InertCopies):
+class OutputHook(InertCopies):
     """The microscope's forward hook on one layer's module: hands its output to ``see``
     with the layer's index."""
 
@@ -179,7 +165,7 @@ class OutputHook(_InertCopies):
 #: What `strip_hooks` takes off a module while it is saved: (hook table, hook classes).
 _OURS = (
     ("_forward_pre_hooks", (ForwardHook, Inert)),
-    ("_forward_hooks", (OutputHook, Inert)),
+    ("_forward_hooks", (OutputHook, OutputScaler, Inert)),
 )
 
 
