@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from harness.errors import JournalError
 from harness.inside.microscope import MicroscopeOptions
 from harness.records.journal import read_journal
 from harness.records.microscope_file import MICROSCOPE_ENV, read_microscope
@@ -99,7 +100,10 @@ def observed(variant: str, run_dir: Path, trainer_steps: int) -> tuple[int, str 
     whole run (a step missing, no loss observed, no microscope records); None for bare."""
     if variant in (BASELINE, AGAIN):
         return trainer_steps, None
-    steps = read_journal(run_dir).of_kind("step")
+    try:
+        steps = read_journal(run_dir).of_kind("step")
+    except JournalError as exc:  # the agent never started: no journal at all
+        return 0, str(exc)
     if len(steps) != trainer_steps:
         return len(steps), f"journal holds {len(steps)} steps, the trainer made {trainer_steps}"
     lost = sum(not math.isfinite(float(e.fields.get("loss", math.nan))) for e in steps)
