@@ -20,6 +20,12 @@ and in collectives, against the bare trainer measured in the same command, besid
    (disarmed), with torch.distributed's Python collectives counted; the agent's collectives
    per step are expected to be 0 without an ``after_seconds`` timer. A third variant with a
    timer waiting shows that the counter sees the agent's broadcasts when there are some.
+4. Framework trainers (``framework_overhead.py``): Hugging Face's ``Trainer`` and
+   Lightning's ``Trainer`` on a tiny GPT-2, each run a fresh process timing its own steps
+   from a callback, bare (the named baseline), under ``tightrope exec`` disarmed and with
+   ``TIGHTROPE_MICROSCOPE=on``, and bare again (the noise floor), in rounds. An exec run
+   whose journal lacks a step of the trainer's fails its variant. Targets: disarmed <= 1.02x,
+   microscope <= 1.05x, on the median step.
 
 ``ms/step (median)`` is the median of all per-step times (``time.perf_counter`` around a
 whole step); ``mean`` is the median over rounds of each round's mean step time (each round
@@ -31,8 +37,9 @@ a shared machine it moves the median and mean ratios by several per cent from on
 the next; the floor ratios hold within a few. ``x bare (in hooks)`` is the steadiest figure:
 the time spent inside the agent's own hooks over a long attach, as a share of the step.
 ``ok`` compares ``x bare (floor)`` with the target, give or take the noise floor (how far
-``bare (again)``'s came from 1.0), and says ``unclear`` within it. The JSON also has every
-step time and the same figures of CPU time (``time.thread_time``).
+``bare (again)``'s came from 1.0), and says ``unclear`` within it; section 4's compares
+``x bare`` (the median step's) the same way. The JSON also has every step time and the same
+figures of CPU time (``time.thread_time``).
 """
 
 from __future__ import annotations
@@ -60,11 +67,18 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from faults import FaultPlan
-from harness.inside.attach import CHECK_EVERY, AttachedAgent, attach
-from harness.records.journal import read_journal
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.framework_overhead import (  # noqa: E402
+    FrameworkSettings,
+    measure_frameworks,
+    show_frameworks,
+)
+from faults import FaultPlan  # noqa: E402
+from harness.inside.attach import CHECK_EVERY, AttachedAgent, attach  # noqa: E402
+from harness.records.journal import read_journal  # noqa: E402
+
 DEFAULT_OUT = ROOT / "benchmarks/results/agent_overhead.json"
 BASELINE = "bare"
 #: Faults armed from the first step that never fire within a benchmark round.
@@ -723,6 +737,8 @@ def show(result: dict[str, Any]) -> None:
                 f"{row['collectives_per_step_per_rank']:.2f}",
             )  # fmt: skip
         console.print(table)
+    if "frameworks" in result:
+        show_frameworks(console, result["frameworks"])
 
 
 def show_breakdown(console: Console, parts: dict[str, dict[str, Any]]) -> None:
@@ -768,11 +784,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ddp-hidden", type=int, default=512, help="2-rank MLP width")
     parser.add_argument("--breakdown-steps", type=int, default=200,
                         help="steps of the per-hook breakdown (default 200)")  # fmt: skip
+    parser.add_argument("--framework-rounds", type=int, default=4,
+                        help="framework rounds, 8 processes each (default 4)")  # fmt: skip
+    parser.add_argument("--framework-steps", type=int, default=100,
+                        help="measured steps per framework run (default 100)")  # fmt: skip
     parser.add_argument("--skip", action="append", default=[],
-                        choices=["breakdown", "startup", "ddp"],
+                        choices=["breakdown", "startup", "ddp", "frameworks"],
                         help="leave out a section (repeatable)")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
-                        help="fewer rounds and runs: about a minute, rougher figures")  # fmt: skip
+                        help="fewer rounds and runs: a few minutes, rougher figures")  # fmt: skip
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--ddp-worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -782,7 +802,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "parameter and gradient comes every that many steps)"
         )
     if args.quick:  # fewer of whatever was not given
-        quick = {"rounds": 6, "startup_runs": 3, "ddp_rounds": 4, "breakdown_steps": 100}
+        quick = {"rounds": 6, "startup_runs": 3, "ddp_rounds": 4, "breakdown_steps": 100,
+                 "framework_rounds": 2, "framework_steps": 40}  # fmt: skip
         for name, value in quick.items():
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
@@ -811,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
         "omp_num_threads": 1,
         "load_average_start": load_start,
     }
-    print(f"1/3 step time: {args.rounds} rounds of every variant ...", flush=True)
+    print(f"1/4 step time: {args.rounds} rounds of every variant ...", flush=True)
     result["steps"] = measure_steps(cfg, args.rounds, args.warmup, args.steps)
     if "breakdown" not in args.skip:
         result["breakdown"] = {
@@ -820,12 +841,18 @@ def main(argv: list[str] | None = None) -> int:
         }
     judge(result["steps"], result.get("breakdown"))
     if "startup" not in args.skip:
-        print(f"2/3 start-up: 3 variants x {args.startup_runs} runs ...", flush=True)
+        print(f"2/4 start-up: 3 variants x {args.startup_runs} runs ...", flush=True)
         result["startup"] = measure_startup(args.startup_runs)
     if "ddp" not in args.skip:
-        print(f"3/3 2 ranks under torchrun: {args.ddp_rounds} rounds ...", flush=True)
+        print(f"3/4 2 ranks under torchrun: {args.ddp_rounds} rounds ...", flush=True)
         result["ddp"] = measure_ddp(args.ddp_rounds, args.warmup, args.steps,
                                     args.ddp_hidden, args.batch // 2)  # fmt: skip
+    if "frameworks" not in args.skip:
+        print(f"4/4 framework trainers: {args.framework_rounds} rounds of 8 processes ...",
+              flush=True)  # fmt: skip
+        settings = FrameworkSettings(rounds=args.framework_rounds, steps=args.framework_steps)
+        with tempfile.TemporaryDirectory(prefix="tightrope-bench-") as tmp:
+            result["frameworks"] = measure_frameworks(settings, Path(tmp))
     result["load_average_end"] = os.getloadavg()
     result["total_wall_s"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
