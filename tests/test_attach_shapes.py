@@ -223,3 +223,23 @@ def test_an_in_memory_save_written_by_fsspec_is_journaled(tmp_path: Path) -> Non
     [saved] = read_journal(tmp_path / "run").of_kind("file_saved")
     assert (saved.step, saved["path"]) == (1, str(target))
     assert saved["sha256"] == hashlib.sha256(target.read_bytes()).hexdigest()
+
+
+def test_a_program_that_imports_the_attach_module_before_torch_runs_under_exec(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from harness.inside.attach import attach  # imports torch, which starts exec's hooks\n"
+        "import torch\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "m(torch.ones(1, 2)).sum().backward()\n"
+        "o.step()\n"
+    )
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), "--"]
+    done = subprocess.run([*command, sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(read_journal(run_dir).steps()) == [1]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -36,7 +36,6 @@ from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan
 from harness.inside.agent import Agent
-from harness.inside.attach import CHECK_EVERY, AttachedAgent
 from harness.inside.files import add_file_listener, remove_file_listener
 from harness.inside.process_group import patch_init_process_group
 from harness.inside.trainer_shape import (
@@ -47,6 +46,11 @@ from harness.inside.trainer_shape import (
     watch_exit,
 )
 from harness.running.exec import ENV_PLAN, ENV_RUN_DIR
+
+if TYPE_CHECKING:
+    # Imported when the first step needs it: a program that imports it (and, through it,
+    # torch) is still importing it when torch's import starts this module.
+    from harness.inside.attach import AttachedAgent
 
 
 class Runtime:
@@ -74,6 +78,8 @@ class Runtime:
         patch_init_process_group()  # a restarted worker joins without stale addresses
 
     def _attach(self, model: nn.Module | None) -> AttachedAgent:
+        from harness.inside.attach import CHECK_EVERY, AttachedAgent
+
         rank, world_size = topology()
         agent = Agent(
             self.run_dir,
