@@ -144,6 +144,7 @@ def _launch_faulted(
         launch.seconds + again.seconds,
         again.interrupted,
         left_behind=(launch.left_behind or 0) + (again.left_behind or 0),
+        left_processes=launch.left_processes + again.left_processes,
         ended=again.ended,
     )
 
@@ -270,6 +271,7 @@ class Runner:
             result.exit_code = launch.exit_code
             result.run_seconds = launch.seconds
             result.left_behind, result.ended = launch.left_behind, launch.ended
+            result.left_processes = list(launch.left_processes)
             try:
                 journal = _read(run_dir)
             except JournalError as exc:
@@ -294,6 +296,7 @@ class Runner:
                 exit_code=launch.exit_code,
                 baseline=baseline,
                 left_behind=launch.left_behind,
+                left_processes=tuple(launch.left_processes),
                 ended=launch.ended,
             )
             result.checks = judge(scenario.expect, evidence)
