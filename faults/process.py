@@ -5,7 +5,9 @@
 after ``grace_seconds`` when the process is still alive). The delayed signal comes from a
 small helper process in its own session, started before the first signal, because a
 process that stops or kills itself cannot send it; the helper checks the process start
-time first, so it never signals a recycled pid.
+time first, so it never signals a recycled pid, and gives up as soon as its target is gone
+(a helper must not outlive the job). It says in its environment what started it
+(`STARTED_BY_ENV`), so that one found left behind can be named.
 
 Targets are ranks, mapped to pids through ``StepContext.pids`` (the calling rank falls
 back to its own pid). Every pid is checked before any signal is sent. When the caller is

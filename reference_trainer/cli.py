@@ -1,8 +1,9 @@
 """Command line of the reference trainer: parse, settle the configuration, train.
 
 Bad input (an unknown preset, a non-positive count, ``--resume`` with nothing to resume,
-an unreadable checkpoint) ends with one line on stderr and exit code 2, before anything
-on disk is touched.
+an unreadable checkpoint, a run dir another trainer owns) ends with one line on stderr and
+exit code 2, before anything on disk is touched. A start-up killed before its first step
+left no run: ``--resume`` and a fresh start both start it over, saying so on stderr.
 """
 
 from __future__ import annotations
