@@ -5,7 +5,9 @@
 after ``grace_seconds`` when the process is still alive). The delayed signal comes from a
 small helper process in its own session, started before the first signal, because a
 process that stops or kills itself cannot send it; the helper checks the process start
-time first, so it never signals a recycled pid.
+time first, so it never signals a recycled pid, and gives up as soon as its target is gone
+(a helper must not outlive the job). It says in its environment what started it
+(`STARTED_BY_ENV`), so that one found left behind can be named.
 
 Targets are ranks, mapped to pids through ``StepContext.pids`` (the calling rank falls
 back to its own pid). Every pid is checked before any signal is sent. When the caller is
@@ -31,9 +33,14 @@ from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext
 from faults.spec import FaultClass, FaultSpec
 
+#: The environment variable in which a helper process says what started it, so that one
+#: found outliving its job can be named (the harness reads it there).
+STARTED_BY_ENV = "TIGHTROPE_STARTED_BY"
+
 # Sleeps, then sends a signal unless the process is gone, a zombie, or a different process
 # under the same pid (start time differs). argv: pid, start time, seconds, signal, poll.
 _HELPER = """
+# tightrope delayed-signal helper (faults/process.py)
 import os, sys, time
 pid, start, delay, sig, poll = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), \\
     int(sys.argv[4]), sys.argv[5] == "1"
@@ -75,14 +82,18 @@ def _start_time(pid: int) -> str:
         return ""
 
 
-def signal_later(pid: int, sig: int, delay: float, *, poll: bool) -> int:
+def signal_later(pid: int, sig: int, delay: float, *, poll: bool, started_by: str = "") -> int:
     """Start a detached helper that sends ``sig`` to ``pid`` after ``delay`` seconds.
 
-    With ``poll`` the helper gives up as soon as the process has exited. Returns its pid.
+    With ``poll`` the helper gives up as soon as the process has exited. ``started_by``
+    (what asked for it) goes into its environment, as `STARTED_BY_ENV`. Returns its pid.
     """
     args = [str(pid), _start_time(pid), repr(delay), str(int(sig)), "1" if poll else "0"]
+    what = f"{started_by}: " if started_by else ""
+    what += f"{signal.Signals(sig).name} to pid {pid} after {delay:g} s"
     helper = subprocess.Popen(
         [sys.executable, "-c", _HELPER, *args],
+        env={**os.environ, STARTED_BY_ENV: what},
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -162,7 +173,8 @@ class SignalInjector(Injector[P]):
         records: list[Injection] = []
         handed = False
         for is_me, rank, pid in targets:
-            details = {"rank": rank, "pid": pid, "signal": self.sends.name} | self._prepare(pid)
+            details = {"rank": rank, "pid": pid, "signal": self.sends.name}
+            details |= self._prepare(pid, f"{self.spec.kind} fault on rank {rank}")
             records.append(Injection(fault=self.spec.kind, target=f"rank {rank}", details=details))
             if is_me and before_signal is not None:
                 before_signal(list(records))
@@ -192,8 +204,9 @@ class SignalInjector(Injector[P]):
             found.append((rank, pid))
         return found
 
-    def _prepare(self, pid: int) -> dict[str, Any]:
-        """Details of the record; start any helper here (before the signal)."""
+    def _prepare(self, pid: int, fault: str) -> dict[str, Any]:
+        """Details of the record; start any helper here (before the signal). ``fault``
+        names the fault and its target, for the helper to say what started it."""
         return {}
 
 
@@ -208,11 +221,13 @@ class HangInjector(SignalInjector[HangSpec]):
 
     sends = signal.SIGSTOP
 
-    def _prepare(self, pid: int) -> dict[str, Any]:
+    def _prepare(self, pid: int, fault: str) -> dict[str, Any]:
         delay = self.spec.resume_after
         if delay is None:
             return {"resume_after": None}
-        helper = signal_later(pid, signal.SIGCONT, delay, poll=False)
+        # It gives up once the hung process is gone (the hang watchdog kills it long before
+        # a late resume_after): a helper sleeping on would outlive the job.
+        helper = signal_later(pid, signal.SIGCONT, delay, poll=True, started_by=fault)
         return {"resume_after": delay, "helper_pid": helper}
 
 
@@ -221,6 +236,7 @@ class PreemptInjector(SignalInjector[PreemptSpec]):
 
     sends = signal.SIGTERM
 
-    def _prepare(self, pid: int) -> dict[str, Any]:
-        helper = signal_later(pid, signal.SIGKILL, self.spec.grace_seconds, poll=True)
+    def _prepare(self, pid: int, fault: str) -> dict[str, Any]:
+        grace = self.spec.grace_seconds
+        helper = signal_later(pid, signal.SIGKILL, grace, poll=True, started_by=fault)
         return {"grace_seconds": self.spec.grace_seconds, "helper_pid": helper}

@@ -4,6 +4,8 @@ A run directory is shared ground: the reference trainer writes it, the agent jou
 it, faults damage it, the runner and the oracles read it. Each of them asks this module
 where a thing lives, so the layout below is written down once::
 
+    RUN_DIR/.lock                      its owner's claim: a flock held for life, PID HOST
+                                       (harness/running/run_lock.py)
     RUN_DIR/config.json                the reference trainer's configuration
     RUN_DIR/run-id                     the run's id, bound into every checkpoint manifest
     RUN_DIR/tokenizer.json             the tokenizer the run trained
@@ -39,6 +41,11 @@ class RunLayout:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "root", Path(root))
+
+    @property
+    def lock(self) -> Path:
+        """The run dir's owner holds a lock on this file for as long as it lives."""
+        return self.root / ".lock"
 
     @property
     def config(self) -> Path:
@@ -127,6 +134,25 @@ class RunLayout:
     @property
     def baseline_samples(self) -> Path:
         return self.root / "baseline-samples.json"
+
+    def start_up_files(self) -> tuple[Path, ...]:
+        """What the reference trainer writes once its start-up has begun: a start that never
+        finished (no configuration and run id written) may have left any of these, and a
+        start over removes them (the runner's plan and log, and the lock, stay)."""
+        return (
+            self.config,
+            self.run_id,
+            self.tokenizer,
+            self.journal,
+            self.checkpoints,
+            self.heartbeats,
+            self.metrics,
+            self.microscope,
+            self.control,
+            self.diagnosis,
+            self.data,
+            self.samples,
+        )
 
     @property
     def background(self) -> Path:

@@ -1,8 +1,9 @@
 """Command line of the reference trainer: parse, settle the configuration, train.
 
 Bad input (an unknown preset, a non-positive count, ``--resume`` with nothing to resume,
-an unreadable checkpoint) ends with one line on stderr and exit code 2, before anything
-on disk is touched.
+an unreadable checkpoint, a run dir another trainer owns) ends with one line on stderr and
+exit code 2, before anything on disk is touched. A start-up killed before its first step
+left no run: ``--resume`` and a fresh start both start it over, saying so on stderr.
 """
 
 from __future__ import annotations
@@ -14,20 +15,30 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from faults import FaultPlan
 from harness.errors import TightropeError
 from harness.mechanisms import OPT_IN, TRAINER_MECHANISMS
 from harness.optimizers import OPTIMIZERS
+from harness.running.run_lock import RunDirLock
 from reference_trainer.checkpoints.files import checkpoint_step, complete_checkpoints
-from reference_trainer.checkpoints.run_dir import check_resumable, check_run
+from reference_trainer.checkpoints.run_dir import (
+    check_fresh,
+    check_resumable,
+    check_run,
+    holds_no_run,
+    unfinished_start,
+)
 from reference_trainer.checkpoints.schedule import token_count
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
 from reference_trainer.stability.mechanisms import StabilityConfig
+
+if TYPE_CHECKING:
+    from reference_trainer.train import RunResult
 
 PROG = "reference_trainer"
 T = TypeVar("T", int, float)
@@ -40,6 +51,8 @@ _RESUMABLE_CHANGES = (
     "log_every",
 )
 _OVERRIDES = ("batch_size", "grad_accum", "precision", "seed", *_RESUMABLE_CHANGES)
+#: How long a worker torchrun restarted waits for its predecessor's claim on the run dir.
+_RESTART_WAIT_SECONDS = 30.0
 #: Flags that set a field of the optimizer's configuration: flag dest -> ``optim`` field.
 _OPTIM_OVERRIDES = {"optimizer": "name", "lr": "base_lr", "beta1": "beta1", "beta2": "beta2"}
 
@@ -248,54 +261,95 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: --device cuda, but this machine has no CUDA device", file=sys.stderr)
         return 2
     restarted = restart_count() > 0
+    claim: RunDirLock | None = None
     try:
-        if restarted and not args.resume and complete_checkpoints(args.run_dir):
-            args.resume = True
-        if args.resume:
-            check_run(args.run_dir)
-            cfg = settle_config(args)
-            start = check_resumable(args.run_dir, integrity=cfg.stability.checkpoints.integrity)
-            done = 0 if start is None else checkpoint_step(start)
-            if start is None and rank == 0:
-                print(
-                    f"{args.run_dir} never finished a checkpoint; starting over from step 0 "
-                    "with its configuration"
-                )
-            if done >= cfg.steps:
-                if rank == 0:
-                    print(
-                        f"{args.run_dir} is already at step {done}; "
-                        f"nothing to do for --steps {cfg.steps}"
-                    )
-                return 0
-            if args.stop_after is not None and args.stop_after <= done:
-                raise ConfigError(
-                    f"--stop-after {args.stop_after} is not past the checkpoint's step {done}"
-                )
-        else:
-            cfg = settle_config(args)
-        from reference_trainer.train import train  # torch and friends load only past here
-
-        if args.stop_after is not None and args.stop_after > cfg.steps:
-            raise ConfigError(f"--stop-after {args.stop_after} is past --steps {cfg.steps}")
-        plan = FaultPlan.from_yaml(args.fault_plan) if args.fault_plan else None
-        if plan is not None:
-            _check_plan(plan, args.fault_plan, cfg.steps)
-        result = train(
-            cfg,
-            args.run_dir,
-            resume=args.resume,
-            restarted=restarted,
-            device=args.device,
-            stop_after=args.stop_after,
-            plan=plan,
-        )
+        claim = _claim(args, rank, restarted)
+        result = _run(args, rank, restarted)
     except TightropeError as exc:
         who = PROG if rank == 0 else f"{PROG}[rank {rank}]"
         print(f"{who}: error: {exc}", file=sys.stderr)
+        if claim is not None:
+            claim.release(undo=True)
         return 2
+    finally:
+        if claim is not None:
+            claim.release()
+    if result is None:
+        return 0
     # Training that failed for good (recovery exhausted) is not bad input: exit 1. A
     # preempted run exits as a terminated process would, so that torchrun restarts it.
     if result.status == "preempted":
         return EXIT_PREEMPTED
     return 1 if result.status == "failed" else 0
+
+
+def _claim(args: argparse.Namespace, rank: int, restarted: bool) -> RunDirLock | None:
+    """Rank 0 owns the run dir for its life (`harness.running.run_lock`): another trainer
+    on it is refused, naming it. The other ranks of the job write only once rank 0 has let
+    them through its first barrier, so one holder serves the job; a worker torchrun
+    restarted waits a while for its predecessor, which torchrun is still ending, to let go.
+    Nothing is claimed where the checks below refuse to go (no such dir to resume, not a
+    directory)."""
+    run_dir = args.run_dir
+    if rank != 0 or not (run_dir.is_dir() or (not run_dir.exists() and not args.resume)):
+        return None
+    return RunDirLock.acquire(run_dir, wait=_RESTART_WAIT_SECONDS if restarted else 0.0)
+
+
+def _run(args: argparse.Namespace, rank: int, restarted: bool) -> RunResult | None:
+    """Settle the configuration against the run dir, then train; None: nothing to do."""
+    why = unfinished_start(args.run_dir)
+    if why is None and args.resume and holds_no_run(args.run_dir):
+        why = "nothing of a run was written in it"
+    elif why is None and not args.resume and not restarted:
+        why = check_fresh(args.run_dir)
+    if why is not None:
+        if rank == 0:
+            print(
+                f"{PROG}: {args.run_dir}: its start-up never finished ({why}); starting the "
+                f"run over{' (--resume has nothing to resume)' if args.resume else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
+        args.resume = False
+    if restarted and not args.resume and complete_checkpoints(args.run_dir):
+        args.resume = True
+    if args.resume:
+        check_run(args.run_dir)
+        cfg = settle_config(args)
+        start = check_resumable(args.run_dir, integrity=cfg.stability.checkpoints.integrity)
+        done = 0 if start is None else checkpoint_step(start)
+        if start is None and rank == 0:
+            print(
+                f"{args.run_dir} never finished a checkpoint; starting over from step 0 "
+                "with its configuration"
+            )
+        if done >= cfg.steps:
+            if rank == 0:
+                print(
+                    f"{args.run_dir} is already at step {done}; "
+                    f"nothing to do for --steps {cfg.steps}"
+                )
+            return None
+        if args.stop_after is not None and args.stop_after <= done:
+            raise ConfigError(
+                f"--stop-after {args.stop_after} is not past the checkpoint's step {done}"
+            )
+    else:
+        cfg = settle_config(args)
+    from reference_trainer.train import train  # torch and friends load only past here
+
+    if args.stop_after is not None and args.stop_after > cfg.steps:
+        raise ConfigError(f"--stop-after {args.stop_after} is past --steps {cfg.steps}")
+    plan = FaultPlan.from_yaml(args.fault_plan) if args.fault_plan else None
+    if plan is not None:
+        _check_plan(plan, args.fault_plan, cfg.steps)
+    return train(
+        cfg,
+        args.run_dir,
+        resume=args.resume,
+        restarted=restarted,
+        device=args.device,
+        stop_after=args.stop_after,
+        plan=plan,
+    )

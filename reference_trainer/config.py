@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,8 +199,20 @@ class TrainConfig:
         return build_dataclass(cls, data, "config")
 
     def save(self, run_dir: Path) -> None:
-        """Write the configuration to ``run_dir/config.json``."""
-        RunLayout(run_dir).config.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write the configuration to ``run_dir/config.json``: whole or not at all, even
+        when the process is killed mid-write (a temporary file, fsynced, renamed)."""
+        path = RunLayout(run_dir).config
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(self.to_dict(), indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(run_dir, os.O_RDONLY)  # the rename itself is durable
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     @classmethod
     def load(cls, run_dir: Path) -> TrainConfig:

@@ -4,6 +4,7 @@ failures as the policy decides, and journal it all through the agent."""
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,12 @@ from harness.run_layout import RunLayout
 from reference_trainer.build import build, seed_everything
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
-from reference_trainer.checkpoints.run_dir import check_fresh, check_run, lost_ranks
+from reference_trainer.checkpoints.run_dir import (
+    check_fresh,
+    check_run,
+    lost_ranks,
+    unfinished_start,
+)
 from reference_trainer.checkpoints.schedule import SaveSchedule
 from reference_trainer.config import TrainConfig
 from reference_trainer.processes import distributed
@@ -69,14 +75,19 @@ def train(
     # Every check reads only: no rank may write before all have looked at the same disk.
     # Which checkpoint a resume starts from is the loader's to find, once (the CLI has
     # already named it to the user by the same load).
+    # (A start-up killed before the first step left nothing worth keeping: start over.)
+    start_over = False
     if resume:
         check_run(run_dir)
     elif not restarted:
-        check_fresh(run_dir)
+        start_over = check_fresh(run_dir) is not None
+    else:  # the failed attempt's journal is kept: it tells what happened to it
+        start_over = unfinished_start(run_dir) is not None
     watchdog = cfg.stability.watchdog
     topo = distributed.init(device, watchdog.collective_timeout if watchdog.enabled else None)
     try:
-        return Run(cfg, run_dir, topo, plan or FaultPlan()).execute(resume, stop_after or cfg.steps)
+        run = Run(cfg, run_dir, topo, plan or FaultPlan(), resume=resume, start_over=start_over)
+        return run.execute(resume, stop_after or cfg.steps)
     finally:
         distributed.shutdown(topo)
 
@@ -84,10 +95,19 @@ def train(
 class Run:
     """One process's part of a run: the loop, checkpoints and recovery."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, topo: Topology, plan: FaultPlan) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        topo: Topology,
+        plan: FaultPlan,
+        *,
+        resume: bool = False,
+        start_over: bool = False,
+    ) -> None:
         self.cfg, self.run_dir, self.topo = cfg, run_dir, topo
         if topo.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            self.start_up(resume=resume, start_over=start_over)
         distributed.barrier(topo)
         self.agent = Agent(
             run_dir,
@@ -145,6 +165,26 @@ class Run:
             # Loading the embedding model mid-step takes seconds: not a hang.
             self.trainer.embedder.around_load = self.heartbeat.slow
 
+    def start_up(self, *, resume: bool, start_over: bool) -> None:
+        """Rank 0, before anything else is written: the configuration and the run id, each
+        whole (written aside, fsynced, renamed), so that a run dir holding anything more
+        always holds both, and a start killed earlier is seen as one (`unfinished_start`).
+        ``start_over`` first removes what such a start left."""
+        layout = RunLayout(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if start_over:
+            for path in layout.start_up_files():
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+        if not resume:
+            self.cfg.save(self.run_dir)
+        has_id = layout.run_id.exists()
+        if (not resume and not self.topo.restart) or not (has_id or self._has_checkpoints()):
+            ckpt.new_run_id(self.run_dir)  # (a restart before the first save keeps its id)
+        ckpt.remove_unfinished(self.run_dir)  # no save is in flight before step 1
+
     # -- state -------------------------------------------------------------------------
 
     def state_dict(self, step: int) -> dict[str, Any]:
@@ -185,13 +225,6 @@ class Run:
         """Train to step ``last``; returns what this process saw."""
         cfg, topo, agent = self.cfg, self.topo, self.agent
         started = time.monotonic()
-        if topo.is_main:
-            if not resume:
-                cfg.save(self.run_dir)
-            has_id = RunLayout(self.run_dir).run_id.exists()
-            if (not resume and not topo.restart) or not (has_id or self._has_checkpoints()):
-                ckpt.new_run_id(self.run_dir)  # (a restart before the first save keeps its id)
-            ckpt.remove_unfinished(self.run_dir)  # no save is in flight before step 1
         agent.start(
             0,
             target_steps=cfg.steps,

@@ -100,6 +100,19 @@ def test_hang_resumes_after_the_delay(spawn: Spawn) -> None:
     assert rec.details["resume_after"] == 0.5 and proc.poll() is None
 
 
+def test_a_hang_resumer_gives_up_once_the_hung_process_is_gone(spawn: Spawn) -> None:
+    # The hang watchdog kills a hung rank long before a late resume_after; a resumer that
+    # slept on outlived the job (soak seed 7's no_processes_left, issue 28).
+    proc = spawn()
+    [rec] = HangInjector(HangSpec(at_step=1, resume_after=60)).apply({0: proc.pid}, [0])
+    assert wait_for(lambda: state(proc.pid) == "T")
+    helper = rec.details["helper_pid"]
+    assert state(helper) not in "-Z"
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: state(helper) in "-Z")  # ended, not asleep for a minute
+
+
 def test_preempt_lets_a_clean_exit_happen(spawn: Spawn) -> None:
     code = READY.format(setup="signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))")
     proc = spawn(code, ready=True)

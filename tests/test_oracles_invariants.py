@@ -4,6 +4,7 @@ bound, finite weights in every kept step, no process left behind."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,24 @@ def test_a_launch_counts_the_process_it_left_behind_and_a_clean_one_none(tmp_pat
     assert launch("true") == 0
     # A background child that outlives its shell: killed by the harness, and counted.
     assert launch("sleep 30 & exit 0") == 1
+
+
+def test_a_process_left_behind_is_named_with_what_started_it(tmp_path: Path) -> None:
+    # A process that outlives its launch, and the fault's delayed-signal helper aimed at it.
+    script = (
+        "import signal, subprocess; from faults.process import signal_later; "
+        "target = subprocess.Popen(['sleep', '30'], start_new_session=True); "
+        "signal_later(target.pid, signal.SIGCONT, 30, poll=True, started_by='hang fault on rank 1')"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    done = run_process([sys.executable, "-c", script], log=tmp_path / "log",
+                       deadline=time.monotonic() + 30, env=env)  # fmt: skip
+    assert done.left_behind == 2, done.left_processes
+    helper, sleeper = sorted(done.left_processes, key=lambda line: "sleep 30" in line)
+    assert "-c '# tightrope delayed-signal helper (faults/process.py)' " in helper
+    assert "started by hang fault on rank 1: SIGCONT to pid " in helper and "after 30 s" in helper
+    assert sleeper.startswith("pid ") and "(sleep 30)" in sleeper
+    check = ProcessesLeftOracle().judge(
+        _evidence([], left_behind=2, left_processes=done.left_processes)
+    )
+    assert check.status == "failed" and helper in check.detail and sleeper in check.detail

@@ -115,3 +115,33 @@ def test_a_preempted_run_resumes_from_its_emergency_checkpoint(
     (loaded,) = journal.of_kind("checkpoint_loaded")
     assert loaded["path"].endswith(f"step-{saved['details']['step']:08d}")
     assert [e["count"] for e in journal.of_kind("restart")] == [1]
+
+
+@pytest.mark.slow
+def test_a_hung_rank_resumed_late_leaves_no_process_behind(tmp_path: Path) -> None:
+    # `tightrope soak --minutes 2 --seed 7`, shrunk: rank 1 hung with resume_after 58 s; the
+    # hang watchdog kills it, the job ends well before then, and its resumer outlived it.
+    hang = {"kind": "hang", "at_step": 12, "ranks": [1], "resume_after": 58}
+    suite = parse_suite(
+        {
+            "suite": "late-resume",
+            "scenarios": [
+                {
+                    "name": "hang-resumed-late",
+                    "trainer": {
+                        "world_size": 2,
+                        "steps": 20,
+                        "checkpoint_every": 5,
+                        "timeout": 120,
+                    },
+                    "faults": [hang],
+                    "expect": {"completed": True, "no_processes_left": True},
+                }
+            ],
+        },
+        "<test>",
+    )
+    options = RunOptions(out_dir=tmp_path, cache_dir=tmp_path / "cache", cores=2)
+    [result] = run_suite(suite, options, progress=False).scenarios
+    assert result.status == "passed", [(c.name, c.figure, c.detail) for c in result.checks]
+    assert result.left_behind == 0

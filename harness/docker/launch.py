@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,8 +96,11 @@ def run_on_docker(
     log: Path,
     deadline: float,
     poll: Callable[[], None],
+    *,
+    owner_env: Mapping[str, str] | None = None,
 ) -> Launch:
-    """Run the scenario's trainer on Docker nodes until every node is done or the deadline."""
+    """Run the scenario's trainer on Docker nodes until every node is done or the deadline;
+    ``env`` is added to every node's (the runner's claim on the run dir, to share)."""
     from harness.docker.nodes import DockerCluster
 
     spec = scenario.trainer
@@ -130,7 +133,12 @@ def run_on_docker(
             # address from the first round; an agent that joins a later round (a node
             # that came back) would wait forever for an address nobody writes again.
             # Without sharing, every round publishes it.
-            env = {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **spec.env}
+            env = {
+                "OMP_NUM_THREADS": "1",
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                **(owner_env or {}),
+                **spec.env,
+            }
             for node in range(spec.nodes):
                 cluster.start(node, argv, env, run_dir)
             while True:

@@ -30,4 +30,6 @@ class ProcessesLeftOracle(ExpectOracle):
             else f"{left} {'process' if left == 1 else 'processes'} outlived the launch "
             "(killed by the harness)"
         )
+        if evidence.left_processes:
+            detail += ": " + "; ".join(evidence.left_processes)
         return self.verdict(left == 0, left, unit="processes", expected="0", detail=detail)

@@ -99,6 +99,8 @@ class Evidence:
     baseline: Journal | None = None
     #: Processes of the run still alive after its launcher ended; None: not looked.
     left_behind: int | None = None
+    #: Those processes, one line each (pid, command line, what started it).
+    left_processes: tuple[str, ...] = ()
     #: Wall clock (epoch seconds) when the run's launch ended; None: not known.
     ended: float | None = None
 

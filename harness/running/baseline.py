@@ -15,7 +15,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from harness.running.launch import (
     trainer_cwd,
     trainer_env,
 )
+from harness.running.run_lock import RunDirLock
 from harness.suites.scenario import Scenario, TrainerSpec
 
 _PACKAGES = ("harness", "faults", "reference_trainer")
@@ -111,22 +111,22 @@ def baseline_run(
             fcntl.flock(lock, fcntl.LOCK_EX)
             if use_cache and RunLayout(run_dir).baseline_done.is_file():
                 return run_dir
-            shutil.rmtree(run_dir, ignore_errors=True)
-            run_dir.mkdir(parents=True)
-            argv = (
-                reference_command(spec, run_dir, None, stop_after=spec.stop_after)
-                if spec.command is None
-                else custom_command(spec, run_dir, None)
-            )
-            launch = run_process(
-                argv,
-                log=RunLayout(run_dir).log,
-                deadline=time.monotonic() + spec.timeout,
-                env=trainer_env(spec),
-                on_poll=(lambda: on_poll(run_dir)) if on_poll else None,
-                cwd=trainer_cwd(spec, run_dir),
-                stop=stop,
-            )
+            with RunDirLock.acquire(run_dir) as claim:  # (a stray trainer in it is refused)
+                claim.clear()
+                argv = (
+                    reference_command(spec, run_dir, None, stop_after=spec.stop_after)
+                    if spec.command is None
+                    else custom_command(spec, run_dir, None)
+                )
+                launch = run_process(
+                    argv,
+                    log=RunLayout(run_dir).log,
+                    deadline=time.monotonic() + spec.timeout,
+                    env={**trainer_env(spec), **claim.env()},
+                    on_poll=(lambda: on_poll(run_dir)) if on_poll else None,
+                    cwd=trainer_cwd(spec, run_dir),
+                    stop=stop,
+                )
             if launch.interrupted:
                 raise BaselineError("the fault-free baseline run was stopped (Ctrl-C or SIGTERM)")
             if launch.timed_out or launch.exit_code != 0:

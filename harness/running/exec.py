@@ -27,6 +27,7 @@ from faults import FaultPlan, FaultSpecError
 from harness.errors import TightropeError
 from harness.run_layout import RunLayout
 from harness.running.process_tree import kill_tree
+from harness.running.run_lock import RunDirLock
 
 ENV_RUN_DIR = "TIGHTROPE_RUN_DIR"
 ENV_PLAN = "TIGHTROPE_PLAN"
@@ -99,7 +100,10 @@ def run_command(
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise ExecError(f"--timeout must be a number of seconds greater than 0, got {timeout:g}")
     argv = check(command, run_dir, plan)
-    env = child_env(os.environ, run_dir, plan)
+    # The run dir is the command's: exec holds its lock, and the command keeps it across
+    # the exec below (same process) or shares it through its environment.
+    claim = RunDirLock.acquire(run_dir, inheritable=timeout is None)
+    env = {**child_env(os.environ, run_dir, plan), **claim.env()}
     sys.stdout.flush()
     sys.stderr.flush()
     if timeout is None:
@@ -138,4 +142,5 @@ def run_command(
         for sig, handler in previous.items():
             if handler is not None:  # None: set outside Python, cannot be put back
                 signal.signal(sig, handler)
+        claim.release()
     return 128 - code if code < 0 else code

@@ -45,6 +45,8 @@ class Launch:
     interrupted: bool = False
     #: Processes of the launch still alive after it ended (killed then); None: not looked.
     left_behind: int | None = None
+    #: Those processes, one line each: pid, command line, what started it.
+    left_processes: tuple[str, ...] = ()
     #: Wall clock (epoch seconds) when the launch ended.
     ended: float | None = None
 
@@ -226,7 +228,15 @@ def run_process(
     # what was just killed, or is following its parent out, end by itself first.
     left = kill_marked(mark, grace=1.0)
     seconds = time.monotonic() - started
-    return Launch(code, timed_out, seconds, interrupted, left_behind=left, ended=time.time())
+    return Launch(
+        code,
+        timed_out,
+        seconds,
+        interrupted,
+        left_behind=len(left),
+        left_processes=tuple(p.describe() for p in left),
+        ended=time.time(),
+    )
 
 
 def log_tail(log: Path, lines: int = _TAIL_LINES) -> str:

@@ -12,6 +12,9 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import dataclass
+
+from faults.process import STARTED_BY_ENV
 
 
 def descendants(pid: int) -> list[int]:
@@ -73,36 +76,77 @@ def kill_tree(pid: int) -> None:
 MARK = "TIGHTROPE_LAUNCH"
 
 
+@dataclass(frozen=True, slots=True)
+class LeftProcess:
+    """A process of a launch found alive after the launch ended (then killed)."""
+
+    pid: int
+    #: Its command line, shortened (a ``python -c`` program by its first line).
+    command: str
+    #: What started it, as it says in its environment (`STARTED_BY_ENV`); "" when silent.
+    started_by: str = ""
+
+    def describe(self) -> str:
+        """``pid N (COMMAND), started by WHAT``: one line for a check's detail."""
+        who = f", started by {self.started_by}" if self.started_by else ""
+        return f"pid {self.pid} ({self.command}){who}"
+
+
 def marked(mark: str) -> list[int]:
     """Processes whose environment carries ``MARK=mark`` (inherited by everything a launch
     started, in whatever session or parent it ended up)."""
+    return sorted(_marked(mark))
+
+
+def _marked(mark: str) -> dict[int, list[bytes]]:
+    """The marked processes with their environments."""
     needle = f"{MARK}={mark}".encode()
-    found = []
+    found = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             with open(os.path.join(entry.path, "environ"), "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry.name))
+                environ = f.read().split(b"\0")
         except OSError:
             continue  # it exited while we looked, or is not ours to read
+        if needle in environ:
+            found[int(entry.name)] = environ
     return found
 
 
-def kill_marked(mark: str, grace: float = 0.0) -> int:
+def _left(pid: int, environ: list[bytes]) -> LeftProcess:
+    prefix = f"{STARTED_BY_ENV}=".encode()
+    started_by = next(
+        (e[len(prefix) :].decode(errors="replace") for e in environ if e.startswith(prefix)), ""
+    )
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        argv = []
+    if "-c" in argv[:-1]:  # an inline program: its first line says what it is
+        at = argv.index("-c") + 1
+        first = next((line for line in argv[at].splitlines() if line.strip()), "")
+        argv[at] = repr(first.strip())
+    command = " ".join(argv) or "?"
+    return LeftProcess(pid, command if len(command) <= 160 else command[:157] + "...", started_by)
+
+
+def kill_marked(mark: str, grace: float = 0.0) -> list[LeftProcess]:
     """SIGKILL every process left over from the launch ``mark`` (stopped ones too: SIGKILL
     ends a stopped process) once ``grace`` seconds have given them the chance to end on
     their own (a process already killed and still dying, a monitor that follows its rank
-    out); the number killed."""
-    left = marked(mark)
+    out); what was killed, each named."""
+    left = _marked(mark)
     if not left:  # a process caught in the middle of an exec can read as no environment
         time.sleep(0.05)
-        left = marked(mark)
+        left = _marked(mark)
     deadline = time.monotonic() + grace
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = marked(mark)
+        left = _marked(mark)
+    named = [_left(pid, environ) for pid, environ in sorted(left.items())]
     for pid in left:
         _signal(pid, signal.SIGKILL)
-    return len(left)
+    return named

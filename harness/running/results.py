@@ -56,6 +56,8 @@ class ScenarioResult:
     #: What only the launch saw, kept for judging again: processes of the run still
     #: alive after its launcher ended (None: not looked), and when it ended (epoch s).
     left_behind: int | None = None
+    #: Those processes, one line each (pid, command line, what started it).
+    left_processes: list[str] = field(default_factory=list)
     ended: float | None = None
     #: Figures beyond the checks (a soak's ETTR, goodput, incidents: docs/soak.md).
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -105,6 +107,7 @@ class ScenarioResult:
             "spec": self.spec,
             "run_seconds": self.run_seconds,
             "left_behind": self.left_behind,
+            "left_processes": self.left_processes,
             "ended": self.ended,
             "metrics": self.metrics,
         }
@@ -128,6 +131,7 @@ class ScenarioResult:
             spec=dict(data.get("spec", {})),
             run_seconds=data.get("run_seconds"),
             left_behind=data.get("left_behind"),
+            left_processes=[str(p) for p in data.get("left_processes") or []],
             ended=data.get("ended"),
             metrics=dict(data.get("metrics") or {}),
         )

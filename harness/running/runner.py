@@ -9,12 +9,13 @@ with the log's tail, scored 0.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,6 +44,7 @@ from harness.running.launch import (
 )
 from harness.running.progress import SuiteProgress
 from harness.running.results import ScenarioResult, SuiteResult
+from harness.running.run_lock import RunDirLock
 from harness.running.sampling import take_samples
 from harness.suites.scenario import Scenario, Suite, TrainerSpec
 
@@ -109,11 +111,14 @@ def _launch_faulted(
     plan: Path | None,
     poll: Callable[[], None],
     stop: threading.Event | None = None,
+    *,
+    owner: Mapping[str, str] | None = None,
 ) -> Launch:
-    """The faulted run: one launch, or a stop and a resume when the scenario asks."""
+    """The faulted run: one launch, or a stop and a resume when the scenario asks.
+    ``owner``: the environment by which the trainer shares the runner's claim."""
     spec = scenario.trainer
     deadline = time.monotonic() + spec.timeout
-    log, env = RunLayout(run_dir).log, trainer_env(spec)
+    log, env = RunLayout(run_dir).log, {**trainer_env(spec), **(owner or {})}
     if spec.command is not None:
         argv = custom_command(spec, run_dir, plan)
         cwd = trainer_cwd(spec, run_dir)
@@ -123,7 +128,7 @@ def _launch_faulted(
     if spec.launcher == "docker":
         from harness.docker.launch import run_on_docker
 
-        return run_on_docker(scenario, run_dir, plan, log, deadline, poll)
+        return run_on_docker(scenario, run_dir, plan, log, deadline, poll, owner_env=owner)
     # A process fault needs torchrun even for one rank: it restarts what was lost.
     elastic = any(type(f).fault_class == "process" for f in scenario.faults)
     early = spec.resume_after or spec.stop_after
@@ -139,6 +144,7 @@ def _launch_faulted(
         launch.seconds + again.seconds,
         again.interrupted,
         left_behind=(launch.left_behind or 0) + (again.left_behind or 0),
+        left_processes=launch.left_processes + again.left_processes,
         ended=again.ended,
     )
 
@@ -241,11 +247,14 @@ class Runner:
             spec=scenario.model_dump(mode="json", by_alias=True, exclude_defaults=True),
         )
         poll, finish = self._bar(scenario.name, spec.steps)
+        stack = contextlib.ExitStack()
         try:
             baseline = self._baseline(scenario, result)
             run_dir = out / result.run_dir
-            shutil.rmtree(run_dir, ignore_errors=True)
-            run_dir.mkdir(parents=True)
+            # The run dir is this runner's while its trainer runs: another suite run on the
+            # same out dir is refused, not wiped out; the trainer shares the claim.
+            claim = stack.enter_context(RunDirLock.acquire(run_dir))
+            claim.clear()
             plan = RunLayout(run_dir).plan
             plan.write_text(yaml.safe_dump(scenario.plan(), sort_keys=False))
             if self.options.stop.is_set():
@@ -255,11 +264,14 @@ class Runner:
             # The plan is kept with the run either way; a fault-free scenario passes none
             # (the reference trainer refuses an empty --fault-plan).
             given = plan if scenario.faults else None
-            launch = _launch_faulted(scenario, run_dir, given, lambda: poll(run_dir), stop)
+            launch = _launch_faulted(
+                scenario, run_dir, given, lambda: poll(run_dir), stop, owner=claim.env()
+            )
             result.log_tail = log_tail(RunLayout(run_dir).log)
             result.exit_code = launch.exit_code
             result.run_seconds = launch.seconds
             result.left_behind, result.ended = launch.left_behind, launch.ended
+            result.left_processes = list(launch.left_processes)
             try:
                 journal = _read(run_dir)
             except JournalError as exc:
@@ -284,6 +296,7 @@ class Runner:
                 exit_code=launch.exit_code,
                 baseline=baseline,
                 left_behind=launch.left_behind,
+                left_processes=tuple(launch.left_processes),
                 ended=launch.ended,
             )
             result.checks = judge(scenario.expect, evidence)
@@ -294,6 +307,7 @@ class Runner:
         except Exception as exc:  # one scenario's surprise must not end the suite
             result.error = f"harness error: {type(exc).__name__}: {exc}"
         finally:
+            stack.close()
             self._cores.give(cores)
             result.seconds = time.monotonic() - started
             finish(_line(result))

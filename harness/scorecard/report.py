@@ -47,6 +47,7 @@ def rejudge(out_dir: Path) -> SuiteResult:
             exit_code=result.exit_code,
             baseline=baseline,
             left_behind=result.left_behind,
+            left_processes=tuple(result.left_processes),
             ended=result.ended,
         )
         result.checks = judge(scenario.expect, evidence)

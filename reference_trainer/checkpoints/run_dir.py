@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from harness.errors import TightropeError
 from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
 from reference_trainer.checkpoints.files import complete_checkpoints, read_run_id
@@ -11,24 +13,81 @@ from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointMa
 from reference_trainer.errors import CheckpointError, RunDirError
 
 
-def check_fresh(run_dir: Path) -> None:
-    """A fresh run must not land on top of another run's checkpoints or journal."""
+def check_fresh(run_dir: Path) -> str | None:
+    """A fresh run must not land on top of another run's checkpoints or trained steps.
+
+    What a start-up killed before the first step left is no run: the fresh one starts over
+    on it (`Run.start_up` removes it). Returns why it does, or None when ``run_dir`` holds
+    nothing of a run."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} exists and is not a directory")
+    why = unfinished_start(run_dir)
+    if why is not None:
+        return why
     layout = RunLayout(run_dir)
-    taken = [p.name for p in (layout.checkpoints, layout.journal) if p.exists()]
-    if not taken:
-        return
-    if not complete_checkpoints(run_dir):
+    if complete_checkpoints(run_dir):
+        taken = [p.name for p in (layout.checkpoints, layout.journal) if p.exists()]
+        raise RunDirError(
+            f"--run-dir {run_dir} already holds a run ({' and '.join(taken)}); "
+            "pass --resume to continue it, or choose another --run-dir"
+        )
+    if not any(path.exists() for path in layout.start_up_files()):
+        return None
+    if _trained(run_dir):
         raise RunDirError(
             f"--run-dir {run_dir} holds a run that never finished a checkpoint (its first "
             "save was interrupted, or it stopped before one); pass --resume to start it over "
             "from step 0 with its configuration, or choose another --run-dir"
         )
-    raise RunDirError(
-        f"--run-dir {run_dir} already holds a run ({' and '.join(taken)}); "
-        "pass --resume to continue it, or choose another --run-dir"
-    )
+    return "it never trained a step"
+
+
+def _trained(run_dir: Path) -> bool:
+    """Whether the run's journal shows a step (an unreadable one counts as trained)."""
+    if not RunLayout(run_dir).journal.is_dir():
+        return False
+    try:
+        journal = read_journal(run_dir, warn=False)
+    except TightropeError:
+        return True
+    return bool(journal.of_kind("step"))
+
+
+def unfinished_start(run_dir: Path) -> str | None:
+    """Why ``run_dir`` holds a start-up that never finished (its configuration or run id
+    missing or torn: the trainer was killed before both were written), or None.
+
+    None as well when it holds nothing a start-up writes (see `holds_no_run`), and when it
+    holds checkpoints (a run, whatever else it lacks: never removed as a start's
+    leftovers)."""
+    layout = RunLayout(run_dir)
+    if not run_dir.is_dir() or complete_checkpoints(run_dir):
+        return None
+    if not any(path.exists() for path in layout.start_up_files()):
+        return None
+    try:
+        json.loads(layout.config.read_bytes())
+    except FileNotFoundError:
+        return f"no {layout.config.name}"
+    except (OSError, ValueError):
+        return f"{layout.config.name} is torn or unreadable"
+    try:
+        read_run_id(run_dir)
+    except CheckpointError:
+        return f"no {layout.run_id.name} beside {layout.config.name}"
+    return None
+
+
+def holds_no_run(run_dir: Path) -> bool:
+    """``run_dir`` exists and holds nothing but what comes before a start-up writes: its
+    claim, a runner's plan and log (a start killed right after claiming it; a folder made
+    for the run). A folder holding anything else is not taken for a run's."""
+    layout = RunLayout(run_dir)
+    try:
+        names = {path.name for path in run_dir.iterdir()}
+    except OSError:
+        return False
+    return names <= {layout.lock.name, layout.plan.name, layout.log.name}
 
 
 def check_run(run_dir: Path) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from faults.process import STARTED_BY_ENV
 from harness.run_layout import RunLayout
 
 WARMUP_STEPS = 3
@@ -130,7 +131,12 @@ class Heartbeat:
             "--poll", repr(self.config.poll),
         ]  # fmt: skip
         self._monitor = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
+            argv,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            # (Named should it ever outlive its job: harness/running/process_tree.py.)
+            env={**os.environ, STARTED_BY_ENV: f"rank {self.rank}'s hang monitor"},
         )
 
     def stop(self) -> None:
