@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import NoReturn, TypeVar
 
 from faults import FaultPlan
+from faults.spec import MAX_STEP
 from harness.errors import TightropeError
 from harness.mechanisms import OPT_IN, TRAINER_MECHANISMS
 from harness.optimizers import OPTIMIZERS
+from harness.suites.scenario import MAX_BATCH_SIZE
 from reference_trainer.checkpoints.files import checkpoint_step, complete_checkpoints
 from reference_trainer.checkpoints.run_dir import check_resumable, check_run
 from reference_trainer.checkpoints.schedule import token_count
@@ -66,7 +68,10 @@ def _checked(
     return parse
 
 
-_positive_int = _checked(int, lambda v: v > 0, "a positive integer")
+_positive_int = _checked(int, lambda v: 0 < v <= MAX_STEP, f"a positive integer up to {MAX_STEP}")
+_batch_count = _checked(
+    int, lambda v: 0 < v <= MAX_BATCH_SIZE, f"a positive integer up to {MAX_BATCH_SIZE}"
+)
 _positive_float = _checked(float, lambda v: 0 < v < math.inf, "a positive number")
 _beta = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
@@ -89,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         "spans --steps)",
     )
     p.add_argument("--precision", choices=PRECISIONS, help="fp32, bf16 or fp16 (default: fp32)")
-    p.add_argument("--batch-size", type=_positive_int, help="sequences per rank per micro-step")
-    p.add_argument("--grad-accum", type=_positive_int, help="micro-steps per optimizer step")
+    p.add_argument("--batch-size", type=_batch_count, help="sequences per rank per micro-step")
+    p.add_argument("--grad-accum", type=_batch_count, help="micro-steps per optimizer step")
     p.add_argument("--seed", type=int, help="training seed (default: 0)")
     p.add_argument(
         "--optimizer",
