@@ -2,7 +2,8 @@
 
 Bad input (an unknown preset, a non-positive count, ``--resume`` with nothing to resume,
 an unreadable checkpoint) ends with one line on stderr and exit code 2, before anything
-on disk is touched.
+on disk is touched. A failure once training had started (a checkpoint that cannot be
+written, named in words: disk full, file too large) is one line and exit code 1.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from reference_trainer.checkpoints.files import checkpoint_step, complete_checkp
 from reference_trainer.checkpoints.run_dir import check_resumable, check_run
 from reference_trainer.checkpoints.schedule import token_count
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
-from reference_trainer.errors import ConfigError
+from reference_trainer.errors import ConfigError, TrainingFailed
 from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
 from reference_trainer.stability.mechanisms import StabilityConfig
@@ -298,7 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TightropeError as exc:
         who = PROG if rank == 0 else f"{PROG}[rank {rank}]"
         print(f"{who}: error: {exc}", file=sys.stderr)
-        return 2
+        # Bad input is refused before anything on disk changed (2); a failure once training
+        # had started is a failed run (1).
+        return 1 if isinstance(exc, TrainingFailed) else 2
     # Training that failed for good (recovery exhausted) is not bad input: exit 1. A
     # preempted run exits as a terminated process would, so that torchrun restarts it.
     if result.status == "preempted":
