@@ -117,8 +117,10 @@ def read_secret(run_dir: str | os.PathLike[str]) -> bytes:
         ) from None
     except OSError as exc:
         raise ControlError(f"cannot read {path}: {exc.strerror}") from exc
-    except (InputLimitError, UnicodeDecodeError) as exc:
-        raise ControlError(f"cannot use {path}: {exc}") from None
+    except InputLimitError as exc:
+        raise ControlError(str(exc)) from None
+    except UnicodeDecodeError:
+        raise ControlError(f"{path} is not the run's secret (not text)") from None
     if mode & 0o077:
         raise ControlError(f"{path} is readable by others (mode {mode:o}); expected 600")
     return key.encode()

@@ -64,10 +64,11 @@ class JournalTail:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             return []  # removed or unreadable right now: try again next refresh
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise WatchError(f"cannot watch {self.path}: the journal is not a regular file")
         with os.fdopen(fd, "rb") as f:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise WatchError(f"cannot watch {self.path}: the journal is not a regular file")
             if info.st_size < self.offset:
                 self.offset = 0  # not the file read before (a new run in the folder)
             try:
