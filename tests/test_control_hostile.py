@@ -213,3 +213,14 @@ def test_a_broken_channel_is_journaled_once_and_training_goes_on(tmp_path: Path)
     failed = [e for e in events.of_kind("command") if e["id"] == "control"]
     assert len(failed) == 1 and "NotADirectoryError" in failed[0]["reason"]
     assert events.of_kind("run_end")[0]["status"] == "completed"
+
+
+def test_what_rank_0_arms_every_rank_takes(tmp_path: Path) -> None:
+    with JournalWriter(tmp_path, rank=0) as j0, JournalWriter(tmp_path, rank=1) as j1:
+        rank0 = LiveInbox(tmp_path, rank=0, world_size=2, restart=0)
+        rank1 = LiveInbox(tmp_path, rank=1, world_size=2, restart=0)
+        send(tmp_path, {"kind": "nan_grad", "ranks": [1]}, in_steps=3)
+        (on0,) = rank0.take(5, j0)
+        (on1,) = rank1.take(5, j1)
+    assert on0 == on1 and (on0.kind, on0.at_step, on0.ranks) == ("nan_grad", 8, [1])
+    assert not refusals(tmp_path)
