@@ -101,7 +101,9 @@ class BitflipSpec(GradientFaultSpec):
     )
     fault_class: ClassVar[FaultClass] = "numeric"
 
-    target: str = Field(default="*", description="Glob on parameter names; one match is picked.")
+    target: str = Field(
+        default="*", min_length=1, description="Glob on parameter names; one match is picked."
+    )
     tensor: Literal["weights", "gradients", "optimizer_state"] = Field(
         default="weights", description="Which tensor of the chosen parameter is hit."
     )

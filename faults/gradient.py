@@ -36,7 +36,9 @@ GradientPoint = Literal["backward", "before_step"]
 class GradientFaultSpec(FaultSpec):
     """Fields every gradient fault shares."""
 
-    target: str = Field(default="*", description="Glob on parameter names, e.g. 'blocks.0.*'.")
+    target: str = Field(
+        default="*", min_length=1, description="Glob on parameter names, e.g. 'blocks.0.*'."
+    )
     at: GradientPoint = Field(
         default="backward",
         description="backward: as each gradient is accumulated, before any all-reduce, "

@@ -209,7 +209,7 @@ class ActivationOverflowSpec(FaultSpec):
     description: ClassVar[str] = "Multiply the matching modules' outputs by a large factor."
     fault_class: ClassVar[FaultClass] = "numeric"
 
-    target: str = Field(description="Glob on module names, e.g. 'blocks.1.mlp'.")
+    target: str = Field(min_length=1, description="Glob on module names, e.g. 'blocks.1.mlp'.")
     factor: float = Field(
         default=1e5, gt=1, allow_inf_nan=False, description="Scale of the output, > 1."
     )

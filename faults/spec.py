@@ -35,6 +35,13 @@ Reach = Literal["step", "documents", "node"]
 Trigger = Literal["at_step", "every", "probability", "after_seconds"]
 TRIGGERS: tuple[Trigger, ...] = get_args(Trigger)
 
+#: The latest step a fault may name (``at_step``, ``every``, ``duration``): a suite's
+#: trainer runs at most this many steps, and a step past it is a typo or an attack.
+MAX_STEP = 10**8
+#: Ranks are numbered below this: past the largest job anyone runs (a rank of 10**12 is
+#: no rank of any job).
+MAX_RANKS = 1 << 20
+
 
 def seeded(seed: int, *parts: object) -> random.Random:
     """A private RNG for one decision: the same (seed, parts) always draws the same."""
@@ -57,16 +64,23 @@ class FaultSpec(BaseModel):
 
     kind: str
     at_step: int | None = Field(
-        default=None, ge=1, description="Fire at this step (with `every`: the first firing)."
+        default=None,
+        ge=1,
+        le=MAX_STEP,
+        description="Fire at this step (with `every`: the first firing).",
     )
-    every: int | None = Field(default=None, ge=1, description="Fire again every N steps.")
+    every: int | None = Field(
+        default=None, ge=1, le=MAX_STEP, description="Fire again every N steps."
+    )
     probability: float | None = Field(
         default=None, gt=0, le=1, description="Fire at each step with this probability."
     )
     after_seconds: float | None = Field(
         default=None, ge=0, description="Fire at the first step after this many seconds."
     )
-    duration: int = Field(default=1, ge=1, description="Steps the fault stays active once fired.")
+    duration: int = Field(
+        default=1, ge=1, le=MAX_STEP, description="Steps the fault stays active once fired."
+    )
     ranks: list[int] | Literal["all", "random"] = Field(
         default="all", description="Ranks hit: a list, all, or one chosen at random (seeded)."
     )
@@ -95,8 +109,10 @@ class FaultSpec(BaseModel):
                 "give exactly one trigger: at_step (optionally with every), every, "
                 f"probability or after_seconds; got {', '.join(triggers) or 'none'}"
             )
-        if isinstance(self.ranks, list) and any(r < 0 for r in self.ranks):
-            raise ValueError(f"ranks must be >= 0, got {self.ranks}")
+        for name in ("ranks", "spare_ranks"):
+            ranks = getattr(self, name)
+            if isinstance(ranks, list) and any(not 0 <= r < MAX_RANKS for r in ranks):
+                raise ValueError(f"{name} must be from 0 to {MAX_RANKS - 1}, got {ranks}")
         return self
 
     # -- when ---------------------------------------------------------------------------

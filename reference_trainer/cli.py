@@ -3,7 +3,9 @@
 Bad input (an unknown preset, a non-positive count, ``--resume`` with nothing to resume,
 an unreadable checkpoint, a run dir another trainer owns) ends with one line on stderr and
 exit code 2, before anything on disk is touched. A start-up killed before its first step
-left no run: ``--resume`` and a fresh start both start it over, saying so on stderr.
+left no run: ``--resume`` and a fresh start both start it over, saying so on stderr. A
+failure once training had started (a checkpoint that cannot be written, named in words:
+disk full, file too large) is one line and exit code 1.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from faults import FaultPlan
+from faults.spec import MAX_STEP
 from harness.errors import TightropeError
 from harness.mechanisms import OPT_IN, TRAINER_MECHANISMS
 from harness.optimizers import OPTIMIZERS
 from harness.running.run_lock import RunDirLock
+from harness.suites.scenario import MAX_BATCH_SIZE
 from reference_trainer.checkpoints.files import checkpoint_step, complete_checkpoints
 from reference_trainer.checkpoints.run_dir import (
     check_fresh,
@@ -32,7 +36,7 @@ from reference_trainer.checkpoints.run_dir import (
 )
 from reference_trainer.checkpoints.schedule import token_count
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
-from reference_trainer.errors import ConfigError
+from reference_trainer.errors import ConfigError, TrainingFailed
 from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
 from reference_trainer.stability.mechanisms import StabilityConfig
@@ -79,7 +83,10 @@ def _checked(
     return parse
 
 
-_positive_int = _checked(int, lambda v: v > 0, "a positive integer")
+_positive_int = _checked(int, lambda v: 0 < v <= MAX_STEP, f"a positive integer up to {MAX_STEP}")
+_batch_count = _checked(
+    int, lambda v: 0 < v <= MAX_BATCH_SIZE, f"a positive integer up to {MAX_BATCH_SIZE}"
+)
 _positive_float = _checked(float, lambda v: 0 < v < math.inf, "a positive number")
 _beta = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
@@ -102,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "spans --steps)",
     )
     p.add_argument("--precision", choices=PRECISIONS, help="fp32, bf16 or fp16 (default: fp32)")
-    p.add_argument("--batch-size", type=_positive_int, help="sequences per rank per micro-step")
-    p.add_argument("--grad-accum", type=_positive_int, help="micro-steps per optimizer step")
+    p.add_argument("--batch-size", type=_batch_count, help="sequences per rank per micro-step")
+    p.add_argument("--grad-accum", type=_batch_count, help="micro-steps per optimizer step")
     p.add_argument("--seed", type=int, help="training seed (default: 0)")
     p.add_argument(
         "--optimizer",
@@ -268,9 +275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TightropeError as exc:
         who = PROG if rank == 0 else f"{PROG}[rank {rank}]"
         print(f"{who}: error: {exc}", file=sys.stderr)
+        # Bad input is refused before anything on disk changed (2); a failure once training
+        # had started is a failed run (1).
+        failed = isinstance(exc, TrainingFailed)
         if claim is not None:
-            claim.release(undo=True)
-        return 2
+            claim.release(undo=not failed)
+        return 1 if failed else 2
     finally:
         if claim is not None:
             claim.release()

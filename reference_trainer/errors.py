@@ -1,4 +1,6 @@
-"""Errors of the reference trainer; the CLI turns each into a one-line message and exit 2."""
+"""Errors of the reference trainer; the CLI turns each into a one-line message and exit 2
+(bad input, nothing on disk changed), or exit 1 for a `TrainingFailed` (training had
+started)."""
 
 from __future__ import annotations
 
@@ -15,3 +17,12 @@ class RunDirError(TightropeError):
 
 class CheckpointError(TightropeError):
     """A checkpoint is missing, unreadable or does not match the run."""
+
+
+class TrainingFailed(TightropeError):
+    """Training had started (the run directory changed) when this went wrong: not bad
+    input, so the CLI exits 1."""
+
+
+class SaveError(CheckpointError, TrainingFailed):
+    """A checkpoint could not be written: disk full, file too large, ... (named in words)."""

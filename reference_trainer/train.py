@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from faults import FaultPlan
+from harness.errors import TightropeError
 from harness.inside.agent import Agent
 from harness.inside.microscope import MicroscopeOptions
 from harness.records.events import Detected, RankLost, Recovered, Restart
@@ -26,6 +27,7 @@ from reference_trainer.checkpoints.run_dir import (
 )
 from reference_trainer.checkpoints.schedule import SaveSchedule
 from reference_trainer.config import TrainConfig
+from reference_trainer.errors import TrainingFailed
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.processes.preemption import Preemption, journal_preemption
@@ -260,6 +262,9 @@ class Run:
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, TightropeError) and not isinstance(exc, TrainingFailed):
+                # The run dir has changed by now: no longer bad input (the CLI exits 1).
+                raise TrainingFailed(str(exc)) from exc
             raise
         finally:
             self.checkpoints.wait()

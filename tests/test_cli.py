@@ -65,9 +65,11 @@ def exit_code(command: Callable[[list[str]], int], argv: list[str]) -> int:
     ("argv", "message"),
     [
         (["--preset", "huge"], "unknown preset 'huge'; choose one of tiny, small"),
-        (["--steps", "0"], "argument --steps: expected a positive integer, got 0"),
-        (["--steps", "-3"], "argument --steps: expected a positive integer, got -3"),
-        (["--steps", "ten"], "argument --steps: expected a positive integer, got 'ten'"),
+        (["--steps", "0"], "argument --steps: expected a positive integer up to 100000000, got 0"),
+        (["--steps", "-3"], "--steps: expected a positive integer up to 100000000, got -3"),
+        (["--steps", "ten"], "--steps: expected a positive integer up to 100000000, got 'ten'"),
+        (["--steps", str(10**12)], "--steps: expected a positive integer up to 100000000"),
+        (["--batch-size", str(10**9)], "--batch-size: expected a positive integer up to 65536"),
         (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
         (["--steps", "10", "--stop-after", "20"], "--stop-after 20 is past --steps 10"),
         (["--resume"], "--resume: run dir"),
@@ -84,6 +86,7 @@ def exit_code(command: Callable[[list[str]], int], argv: list[str]) -> int:
             ["--steps", "10", "--fault-plan", "{plan}:rank3"],
             "targets ranks [3], but WORLD_SIZE is 1",
         ),
+        (["--steps", "10", "--fault-plan", "{plan}:deep"], "nested more than 64 levels deep"),
     ],
 )
 def test_bad_arguments_fail_before_anything_is_written(
@@ -94,6 +97,7 @@ def test_bad_arguments_fail_before_anything_is_written(
         "empty": "faults: []\n",
         "late": "faults:\n  - {kind: nan_grad, at_step: 40}\n",
         "rank3": "faults:\n  - {kind: nan_grad, at_step: 4, ranks: [3]}\n",
+        "deep": "[" * 500 + "]" * 500,
     }
     for i, word in enumerate(argv):
         if word.startswith("{plan}:"):

@@ -18,7 +18,6 @@ from faults import FaultSpecError
 from harness.inside.agent import Agent
 from harness.live.control import (
     Answer,
-    ControlChannel,
     ControlError,
     ensure_secret,
     read_secret,
@@ -26,6 +25,7 @@ from harness.live.control import (
     send,
     wait_for_answer,
 )
+from harness.live.control_board import ControlChannel
 from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
 
@@ -183,10 +183,10 @@ def test_a_replayed_or_stale_command_is_refused(tmp_path: Path) -> None:
     path = inbox / f"{old.id}.json"
     message = json.loads(path.read_text())
     key = read_secret(tmp_path)
-    from harness.live.control import _mac
+    from harness.live.control import mac
 
     message["command"]["issued"] -= 3600  # an hour old, signed as such
-    message["mac"] = _mac(key, message["command"])
+    message["mac"] = mac(key, message["command"])
     path.write_text(json.dumps(message))
     [stale] = channel.poll()
     assert stale.fault is None and stale.reason.startswith("expired")

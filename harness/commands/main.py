@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import yaml
 from pydantic_core import PydanticUndefined
 
-from faults import FAULT_CLASSES, FaultSpec, kinds
+from faults import FAULT_CLASSES, FaultSpec, kinds, yaml_input
 from faults.registry import FaultKind
 from faults.spec import TRIGGERS
 from harness import __version__
@@ -29,8 +29,9 @@ from harness.commands.soak import add_commands as add_soak_commands
 from harness.commands.suite import add_commands as add_suite_commands
 from harness.commands.sweep import add_commands as add_sweep_commands
 from harness.commands.watch import add_commands as add_watch_commands
+from harness.commands.watch import rank_number
 from harness.errors import TightropeError
-from harness.live.control import ControlError, send, wait_for_answer
+from harness.live.control import MAX_IN_STEPS, ControlError, send, wait_for_answer
 from harness.records.journal import read_journal
 from harness.records.status import job_status
 from harness.records.summary import summarize
@@ -72,12 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     inject.add_argument("kind", metavar="KIND", help="fault kind (see `tightrope faults`)")
     inject.add_argument("params", nargs="*", metavar="NAME=VALUE", help="fault parameters")
-    inject.add_argument("--rank", type=int, help="hit this rank only (default: the kind's own)")
     inject.add_argument(
-        "--in-steps", type=int, default=1, metavar="K", help="take effect K steps from now"
+        "--rank", type=rank_number, help="hit this rank only (default: the kind's own)"
     )
     inject.add_argument(
-        "--wait", type=float, default=30.0, metavar="S", help="seconds to wait for the job"
+        "--in-steps",
+        type=_in_steps,
+        default=1,
+        metavar="K",
+        help=f"take effect K steps from now (0 to {MAX_IN_STEPS})",
+    )
+    inject.add_argument(
+        "--wait",
+        type=_wait_seconds,
+        default=30.0,
+        metavar="S",
+        help=f"seconds to wait for the job (at most {MAX_WAIT_SECONDS:g})",
     )
     inject.set_defaults(handler=_inject)
     status = commands.add_parser("status", help="step, loss, armed and fired faults of a job")
@@ -109,6 +120,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The longest ``inject --wait``: a day (a job that does not answer in a day will not).
+MAX_WAIT_SECONDS = 86_400.0
+
+
+def _in_steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of steps, got {text!r}") from None
+    if not 0 <= value <= MAX_IN_STEPS:
+        raise argparse.ArgumentTypeError(f"expected 0 to {MAX_IN_STEPS} steps, got {text}")
+    return value
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number), got {text!r}") from None
+    if not 0 < value <= MAX_WAIT_SECONDS:  # NaN fails this too
+        raise argparse.ArgumentTypeError(
+            f"expected seconds greater than 0 and at most {MAX_WAIT_SECONDS:g}, got {text}"
+        )
+    return value
+
+
 def _exec(args: argparse.Namespace) -> int:
     from harness.running.exec import run_command
 
@@ -121,8 +158,10 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
         name, sep, text = pair.partition("=")
         if not sep or not name:
             raise ControlError(f"parameter {pair!r} is not NAME=VALUE")
+        if not text.strip():
+            raise ControlError(f"parameter {name} is empty; give a value or leave it out")
         try:
-            value = yaml.safe_load(text) if text else ""
+            value = yaml_input.load(text, f"parameter {name}")
         except yaml.YAMLError:
             value = text  # not a YAML scalar (`*.pt`, `!!python/...`): the text itself
         if not isinstance(value, (str, int, float, bool, list)) or (
@@ -249,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
-        parser.print_help()
-        return 2
+        parser.error("a command is required (tightrope --help lists them)")
     try:
         code: int = args.handler(args)
     except TightropeError as exc:

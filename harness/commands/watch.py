@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from faults.spec import MAX_RANKS
 from harness.live.watch_reader import WatchReader
 from harness.live.watch_view import render
 
@@ -24,13 +25,14 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _rank(text: str) -> int:
+def rank_number(text: str) -> int:
+    """An argparse type: a rank, from 0 to `MAX_RANKS` - 1 (``watch``, ``inject``)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a rank (an integer), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a rank >= 0, got {text!r}")
+    if not 0 <= value < MAX_RANKS:
+        raise argparse.ArgumentTypeError(f"must be a rank from 0 to {MAX_RANKS - 1}, got {text}")
     return value
 
 
@@ -52,7 +54,10 @@ def add_commands(commands: Any) -> None:
     )
     watch.add_argument("--once", action="store_true", help="print one frame and exit")
     watch.add_argument(
-        "--rank", type=_rank, metavar="R", help="show this rank's steps and layers (default: all)"
+        "--rank",
+        type=rank_number,
+        metavar="R",
+        help="show this rank's steps and layers (default: all)",
     )
     watch.set_defaults(handler=_watch)
 

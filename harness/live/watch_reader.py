@@ -14,10 +14,10 @@ faults), so a refresh costs the same at step 10 and at step 100,000.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
+import stat
 import statistics
 import time
 from collections import deque
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faults.input_limits import read_json
 from harness.errors import JournalError
 from harness.records.journal import Event, Journal, decode_line
 from harness.records.microscope_file import Microscope, read_microscope
@@ -39,6 +40,8 @@ WINDOW = 60
 _STATUS_KINDS = frozenset({"run_start", "run_end", "fault_injected", "command"})
 #: Per-layer history kept from `layer_stats` events (the fallback without a microscope).
 LAYER_HISTORY = 200
+#: The largest heartbeat file read (a job writes a few dozen bytes).
+MAX_HEARTBEAT_BYTES = 4096
 
 
 class WatchError(JournalError):
@@ -56,13 +59,23 @@ class JournalTail:
     def read_new(self) -> list[Event]:
         """Events of the whole lines appended since the last call; offset moves past them."""
         try:
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self.offset:
-                    self.offset = 0  # not the file read before (a new run in the folder)
-                f.seek(self.offset)
-                data = f.read()
+            # Not blocking, and checked as opened: a FIFO or a link to a device named like
+            # a journal would stall or flood the watcher.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             return []  # removed or unreadable right now: try again next refresh
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise WatchError(f"cannot watch {self.path}: the journal is not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            if info.st_size < self.offset:
+                self.offset = 0  # not the file read before (a new run in the folder)
+            try:
+                f.seek(self.offset)
+                data = f.read(info.st_size - self.offset)  # as it is now; whole lines kept
+            except OSError:
+                return []
         end = data.rfind(b"\n")
         if end < 0:
             return []  # nothing new, or only the start of a line still being written
@@ -222,7 +235,7 @@ class WatchReader:
         for path in folder.glob("rank-*.json"):
             try:
                 rank = int(path.stem.removeprefix("rank-"))
-                data: Any = json.loads(path.read_text())
+                data: Any = read_json(path, "heartbeat", MAX_HEARTBEAT_BYTES)
                 beats[rank] = Heartbeat(step=int(data["step"]), wall=float(data["wall"]))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # mid-replace or not ours: the next refresh reads it

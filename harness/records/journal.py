@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
+from faults.input_limits import InputLimitError, load_json, read_bytes
 from harness.errors import JournalError
 from harness.records.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION, field_spec
 from harness.run_layout import RunLayout
@@ -151,7 +152,7 @@ class Event:
 
 def decode_line(raw: str, path: Path, lineno: int) -> Event:
     """One journal line as an event (raises ValueError or JournalError for a bad one)."""
-    record = json.loads(raw)
+    record = load_json(raw, f"{path}:{lineno}")
     if not isinstance(record, dict):
         raise ValueError("not a JSON object")
     version = record.get("v")
@@ -200,9 +201,11 @@ def read_journal_file(path: str | os.PathLike[str], *, warn: bool = True) -> lis
 def _read_file(path: Path) -> tuple[list[Event], list[str]]:
     """Events of one file, and a note for each torn line skipped."""
     try:
-        data = path.read_bytes()
+        data = read_bytes(path, "journal", None)
     except OSError as exc:
         raise JournalError(f"cannot read journal {path}: {exc.strerror}") from exc
+    except InputLimitError as exc:
+        raise JournalError(str(exc)) from None
     events: list[Event] = []
     skipped: list[str] = []
     lines = data.split(b"\n")
@@ -211,6 +214,8 @@ def _read_file(path: Path) -> tuple[list[Event], list[str]]:
             continue
         try:
             events.append(decode_line(raw.decode("utf-8"), path, lineno))
+        except InputLimitError as exc:  # intact, but nested past what is read: not torn
+            skipped.append(f"{exc}; the line was skipped")
         except (ValueError, UnicodeDecodeError) as exc:
             where = "last line" if lineno == len(lines) else f"line {lineno}"
             skipped.append(

@@ -359,9 +359,16 @@ EVENT_KINDS: MappingProxyType[str, tuple[str, MappingProxyType[str, FieldSpec]]]
             ),
         ),
         "command": (
-            "A live-control command reached the job (accepted or rejected).",
+            "A live-control command reached the job (accepted or rejected), or something "
+            "under `control/` was refused (docs/live-control.md).",
             _kind(
-                id=FieldSpec("str", "Command id, as `tightrope inject` printed it.", required=True),
+                id=FieldSpec(
+                    "str",
+                    "Command id, as `tightrope inject` printed it; `armed/<file>` for an armed "
+                    "entry refused before its id could be trusted; `control` when reading the "
+                    "channel itself failed (journaled once per failure).",
+                    required=True,
+                ),
                 accepted=FieldSpec("bool", "Whether the job armed it.", required=True),
                 fault=FieldSpec("str", "Fault kind the command asked for."),
                 effective_step=FieldSpec(

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from faults.input_limits import InputLimitError, load_json, read_bytes
 from harness.errors import TightropeError
 
 Decision = Literal["accept", "reject"]
@@ -70,20 +71,31 @@ def _append(path: Path, obj: dict[str, Any]) -> None:
 
 
 def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
+    try:  # a regular file only: a FIFO or a link to a device would never end
+        text = read_bytes(path, "review file", None).decode("utf-8")
+    except InputLimitError as exc:
+        raise ReviewError(str(exc)) from None
+    except OSError as exc:
+        raise ReviewError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ReviewError(f"{path}: not UTF-8 text ({exc.reason})") from None
     out = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                obj = None
-            if not isinstance(obj, dict) or not line.endswith("\n"):
-                raise ReviewError(f"{path}:{number}: not a whole JSON object line (torn write?)")
-            out.append((number, obj))
+    parts = text.split("\n")  # (not splitlines: a U+2028 inside a JSON string is no end)
+    for number, part in enumerate(parts, 1):
+        line = part + "\n" if number < len(parts) else part
+        if not line.strip():
+            continue
+        try:
+            obj = load_json(line, f"{path}:{number}")
+        except InputLimitError as exc:
+            raise ReviewError(str(exc)) from None
+        except json.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict) or not line.endswith("\n"):
+            raise ReviewError(f"{path}:{number}: not a whole JSON object line (torn write?)")
+        out.append((number, obj))
     return out
 
 

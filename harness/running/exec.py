@@ -74,7 +74,9 @@ def check(command: Sequence[str], run_dir: Path, plan: Path | None) -> list[str]
     if not command:
         raise ExecError("exec: no command after '--' (tightrope exec ... -- python train.py)")
     if plan is not None:
-        check_plan(FaultPlan.from_yaml(plan))  # a FaultSpecError names the file and field
+        faults = check_plan(FaultPlan.from_yaml(plan))  # a FaultSpecError names the field
+        if not len(faults):
+            raise ExecError(f"--plan {plan} holds no fault; leave the flag out for none")
     if run_dir.exists() and not run_dir.is_dir():
         raise ExecError(f"--run-dir {run_dir} exists and is not a directory")
     if RunLayout(run_dir).journal.exists():

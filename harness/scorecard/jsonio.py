@@ -7,10 +7,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from faults.input_limits import InputLimitError, load_json, read_bytes
 from harness.records.journal import NONFINITE, json_safe
 from harness.running.results import ScorecardError, SuiteResult
 
 SCORECARD_JSON = "scorecard.json"
+#: The largest scorecard.json read: a suite of thousands of scenarios writes a few MB.
+MAX_SCORECARD_BYTES = 256 << 20
 
 
 def _decode_figure(value: Any) -> Any:
@@ -58,13 +61,17 @@ def load_scorecard(path: str | os.PathLike[str]) -> SuiteResult:
     """A saved scorecard, from its directory or its scorecard.json."""
     file = scorecard_json_path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_bytes(file, "scorecard", MAX_SCORECARD_BYTES).decode("utf-8")
     except UnicodeDecodeError:
         raise ScorecardError(f"{file} is not a scorecard: it is not UTF-8 text") from None
     except OSError as exc:
         raise ScorecardError(f"cannot read scorecard {file}: {exc.strerror}") from None
+    except InputLimitError as exc:
+        raise ScorecardError(str(exc)) from None
     try:
-        data = json.loads(text)
+        data = load_json(text, str(file))
+    except InputLimitError as exc:
+        raise ScorecardError(str(exc)) from None
     except json.JSONDecodeError as exc:
         raise ScorecardError(
             f"{file} is not a scorecard: not valid JSON (line {exc.lineno}, column {exc.colno}: "

@@ -23,7 +23,7 @@ from pydantic import (
 from faults import FaultPlan, FaultSpec
 from faults.errors import FaultSpecError
 from faults.registry import parse_fault
-from faults.spec import FaultClass
+from faults.spec import MAX_STEP, FaultClass
 from harness.data_mixes import DATA_MIXES
 from harness.mechanisms import MECHANISMS, OPT_IN
 from harness.optimizers import OPTIMIZERS
@@ -33,6 +33,9 @@ from harness.optimizers import OPTIMIZERS
 TRAINER_PRESETS = ("reference", "fragile")
 #: Model sizes of the reference trainer.
 MODELS = ("tiny", "small")
+#: The most sequences per rank per micro-step a trainer is asked for (the reference
+#: trainer's ``--batch-size`` too): a billion would only end in an out-of-memory kill.
+MAX_BATCH_SIZE = 1 << 16
 
 
 class _Model(BaseModel):
@@ -111,13 +114,16 @@ class TrainerSpec(_Model):
         "(torchrun --nnodes MIN:MAX); default: all of them.",
     )
     precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32")
-    steps: int = Field(default=40, ge=1, le=10**8, description="Step the run trains to.")
+    steps: int = Field(default=40, ge=1, le=MAX_STEP, description="Step the run trains to.")
     seed: int = Field(
         default=0, ge=0, le=2**32 - 1, description="Training seed, recorded with the result."
     )
     checkpoint_every: int = Field(default=10, ge=1, description="Steps between checkpoints.")
     batch_size: int | None = Field(
-        default=None, ge=1, description="Sequences per rank per step (default: the model's)."
+        default=None,
+        ge=1,
+        le=MAX_BATCH_SIZE,
+        description="Sequences per rank per step (default: the model's).",
     )
     resume_after: int | None = Field(
         default=None,

@@ -194,7 +194,7 @@ def read_yaml(path: str | Path, what: str = "suite") -> tuple[Any, dict[Path_, i
     try:
         # Counted before anything walks it: the line map below expands aliases too.
         data = yaml_input.load(text, source)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml_input.compose(text, source)
     except yaml_input.YamlInputError as exc:
         raise ScenarioError(source, [str(exc)]) from None
     except yaml.YAMLError as exc:

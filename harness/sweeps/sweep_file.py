@@ -183,6 +183,9 @@ def _grid(raw: Any, out: Problems) -> list[tuple[str, tuple[Any, ...]]]:
 
 def _seeds(raw: Any, out: Problems) -> tuple[int, ...]:
     if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
+        if raw > MAX_RUNS:  # checked before the seeds are made: 10**12 of them fill memory
+            out.add(("seeds",), f"a count of {raw} seeds is past {MAX_RUNS} runs")
+            return ()
         return tuple(range(raw))
     if (
         isinstance(raw, list)

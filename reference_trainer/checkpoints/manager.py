@@ -35,7 +35,8 @@ from reference_trainer.checkpoints.manifest import (
     verify_tensors,
     write_manifest,
 )
-from reference_trainer.errors import CheckpointError, ConfigError
+from reference_trainer.checkpoints.storage import save_failed, state_bytes
+from reference_trainer.errors import CheckpointError, ConfigError, SaveError
 from reference_trainer.model_and_data.nested import map_leaves
 
 DELTA_FILE = "delta.bin"
@@ -124,8 +125,12 @@ class CheckpointManager:
         t0 = time.perf_counter()
         final = self.root / files.checkpoint_name(step)
         tmp = self.root / f".{final.name}.tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        files.save_file(files.rng_state(), tmp / files.rng_file(self.rank))
+        rng = files.rng_state()
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            files.save_file(rng, tmp / files.rng_file(self.rank))
+        except (OSError, RuntimeError) as exc:
+            raise save_failed(exc, tmp / files.rng_file(self.rank), state_bytes(rng), step) from exc
         self.barrier()
         if self.rank != 0:
             return
@@ -151,7 +156,11 @@ class CheckpointManager:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise CheckpointError(f"background checkpoint save failed: {error}") from error
+            if isinstance(error, SaveError):  # already in words (disk full, file too large)
+                raise SaveError(f"background save failed: {error}") from error
+            raise SaveError(
+                f"background checkpoint save failed: {type(error).__name__}: {error}"
+            ) from error
 
     def _persist_guarded(self, *args: Any) -> None:
         try:
@@ -166,23 +175,30 @@ class CheckpointManager:
             or self._base is None
             or self._since_full + 1 >= self.config.full_every
         )
-        if full:
-            files.save_file(state, tmp / files.STATE_FILE)
-            parent = None
-        else:
-            assert self._base is not None
-            parent, base_state = self._base
-            blob = encode_delta(state, base_state, level=self.config.zstd_level)
-            _write_bytes(tmp / DELTA_FILE, blob.to_bytes())
-        write_manifest(
-            tmp,
-            run_id=self.run_id,
-            step=step,
-            kind="full" if full else "delta",
-            parent=parent,
-            tensors=describe_tensors(state),
-        )
-        files.publish(tmp, final)
+        writing, needed = tmp / files.STATE_FILE, state_bytes(state)
+        try:
+            if full:
+                files.save_file(state, writing)
+                parent = None
+            else:
+                assert self._base is not None
+                parent, base_state = self._base
+                data = encode_delta(state, base_state, level=self.config.zstd_level).to_bytes()
+                writing, needed = tmp / DELTA_FILE, len(data)
+                _write_bytes(writing, data)
+            writing, needed = tmp / MANIFEST, 1 << 16
+            write_manifest(
+                tmp,
+                run_id=self.run_id,
+                step=step,
+                kind="full" if full else "delta",
+                parent=parent,
+                tensors=describe_tensors(state),
+            )
+            writing = final
+            files.publish(tmp, final)
+        except (OSError, RuntimeError) as exc:
+            raise save_failed(exc, writing, needed, step) from exc
         # Read back what landed before calling it good: a write can fail silently.
         verify_files(final, read_manifest(final))
         self.last_verified = final
