@@ -215,3 +215,20 @@ def test_bytes_seen_damaged_when_loaded_fail_even_while_a_fault_races(tmp_path: 
     check = raced_load(tmp_path, 25, read_damaged=True)
     assert not check.passed and check.figure == 1
     assert "delta.bin (its bytes differ from those saved at step 20)" in check.detail
+
+
+def test_a_load_that_raised_loaded_nothing_corrupt(tmp_path: Path) -> None:
+    # A framework refused its truncated newest checkpoint (the load raised) and the job
+    # ended: no corrupt bytes went into the model.
+    run = Run(tmp_path / "refused").steps(1, 18)
+    snap = str(tmp_path / "ckpt" / "model.safetensors")
+    run.emit("file_load_failed", 16, path=snap, sha256="c", intact=False, error="torn")
+    check = NoCorruptCheckpointLoadedOracle().judge(run.end("failed", 16).evidence(exit_code=1))
+    assert check.passed and check.figure == 0
+    assert "1 raised, so loaded nothing" in check.detail
+    # Negative control: the same refusal, then the damaged bytes loaded on another try.
+    run = Run(tmp_path / "took").steps(1, 18)
+    run.emit("file_load_failed", 16, path=snap, sha256="c", intact=False, error="torn")
+    run.emit("file_loaded", 16, path=snap, sha256="c", saved_step=16, intact=False)
+    check = NoCorruptCheckpointLoadedOracle().judge(run.steps(17, TARGET).end().evidence())
+    assert not check.passed and check.figure == 1

@@ -102,7 +102,10 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
                 )
             elif intact is not True:
                 unverifiable += 1  # a file the run never saved: nothing to compare with
-        loads = [*loads, *observed]
+        # A load that raised put nothing in the model: a refusal, verified by the trainer's
+        # own check (safetensors' header, the zip reader), and no corrupt load.
+        refused = journal.of_kind("file_load_failed")
+        loads = [*loads, *observed, *refused]
         expected = "0 corrupt loads"
         if not loads:
             return self.not_judged(
@@ -129,6 +132,8 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
             detail += f"; and {more} more" if more > 0 else ""
         else:
             detail = f"{plural(len(loads), 'load')}, none of a corrupt checkpoint"
+            if refused:
+                detail += f" ({len(refused)} raised, so loaded nothing)"
             if unverifiable:
                 detail += (
                     f" ({unverifiable} not verifiable: gone, or damaged after or while loaded)"
