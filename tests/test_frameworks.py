@@ -64,14 +64,20 @@ KILLED = {
 def silently_loaded(ranks: int) -> dict[str, tuple[str, object]]:
     """A bit flipped in the newest checkpoint's weights: every rank loads it without a
     complaint (truth.load_outcome: not refused, final weights differ from the undamaged run's)
-    and trains on to the end."""
-    return KILLED | {"no_corrupt_checkpoint_loaded": (F, ranks)}
+    and trains on to the end. Nothing noticed the damage (the restart answers the kill)."""
+    return KILLED | {"detected": (F, None), "no_corrupt_checkpoint_loaded": (F, ranks)}
 
 
 def refused(last_step: int) -> dict[str, tuple[str, object]]:
     """The newest checkpoint cut in half: the framework raises on load (truth.load_outcome:
-    refused) and, falling back to nothing, the restarted job fails: not completed."""
-    return KILLED | {"completed": (F, last_step), "max_lost_steps": (P, 0)}
+    refused) and, falling back to nothing, the restarted job fails: not completed. Raising
+    loaded nothing corrupt; but with no other checkpoint taken instead, no detection is
+    observed (a crash on load is not a checkpoint_integrity response)."""
+    return KILLED | {
+        "detected": (F, None),
+        "completed": (F, last_step),
+        "max_lost_steps": (P, 0),
+    }
 
 
 #: scenario -> check -> (status, figure); None: any figure.

@@ -126,6 +126,12 @@ def test_a_refused_file_is_a_checkpoint_integrity_detection(tmp_path: Path) -> N
     took = Run(tmp_path / "took").steps(1, 16).fault(16, "bitflip_file", file=snap)
     took.emit("file_loaded", 16, path=snap, sha256="c", intact=False)
     assert not detected.judge(took.steps(17, TARGET).end().evidence()).passed
+    # Nor is loading it beside the intact rest of its checkpoint (a Hugging Face folder:
+    # the damaged weights, an intact optimizer.pt).
+    beside = Run(tmp_path / "beside").steps(1, 16).fault(16, "bitflip_file", file=snap)
+    beside.emit("file_loaded", 16, path=snap, sha256="c", intact=False)
+    beside.emit("file_loaded", 16, path=str(tmp_path / "optimizer.pt"), sha256="d", intact=True)
+    assert not detected.judge(beside.steps(17, TARGET).end().evidence()).passed
 
 
 def test_a_claim_counts_only_beside_the_response_that_answers_its_fault(tmp_path: Path) -> None:

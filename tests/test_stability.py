@@ -14,7 +14,7 @@ import pytest
 from faults import build_injector, parse_fault
 from faults.injector import Injection
 from harness.run_layout import RunLayout
-from reference_trainer.errors import CheckpointError
+from reference_trainer.errors import CheckpointError, TrainingFailed
 from reference_trainer.model_and_data.optim import peak_lr
 
 from .stability_support import claims, config, final_loss, finite_at_end, near, run
@@ -123,8 +123,10 @@ def test_without_integrity_checks_the_damaged_checkpoint_is_loaded(tmp_path: Pat
     run(tmp_path, cfg, stop_after=20)
     damage = {"kind": "truncate", "at_step": 1, "file": "state.pt"}
     damage_checkpoints(build_injector(parse_fault(damage)), tmp_path)
-    with pytest.raises(CheckpointError, match=r"step-00000020/state\.pt is unreadable"):
+    # Found once the run had started, so a failed run (exit 1), raised from the load's error.
+    with pytest.raises(TrainingFailed, match=r"step-00000020/state\.pt is unreadable") as err:
         run(tmp_path, cfg, resume=True)
+    assert isinstance(err.value.__cause__, CheckpointError)
 
 
 def test_duplicates_are_dropped_before_they_reach_the_model(tmp_path: Path) -> None:

@@ -104,7 +104,9 @@ def _where(args: tuple[Any, ...], kwargs: dict[str, Any], position: int) -> obje
     return next((kwargs[k] for k in _WHERE if kwargs.get(k) is not None), None)
 
 
-def _wrap_save(original: Callable[..., Any], api: str, target: int) -> Callable[..., Any]:
+def _wrap_save(
+    original: Callable[..., Any], api: str, target: int, *, collective: bool = False
+) -> Callable[..., Any]:
     @functools.wraps(original)
     def save(*args: Any, **kwargs: Any) -> Any:
         if not _listeners:
@@ -132,9 +134,22 @@ def _wrap_save(original: Callable[..., Any], api: str, target: int) -> Callable[
             if found is not None:
                 for listener in tuple(_listeners):
                     listener.saved(path, found[0], found[1], api)
+            if collective:
+                # Every rank hashes the whole folder, the other ranks' streams included: none
+                # may go on (an after_save fault damages the folder when its next step
+                # begins) before all have hashed what the save wrote.
+                _barrier(kwargs.get("process_group"))
         return result
 
     return save
+
+
+def _barrier(group: Any) -> None:
+    """Wait for the ranks of ``group`` (the default one when None), when several train."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.barrier(group)
 
 
 def _position(where: object) -> int | None:
@@ -209,7 +224,8 @@ DCP = "torch.distributed.checkpoint"
 
 def _patch_dcp() -> None:
     dcp = sys.modules[DCP]
-    _patch(dcp, "save", _wrap_save(dcp.save, "torch.distributed.checkpoint.save", 1))
+    _patch(dcp, "save", _wrap_save(dcp.save, "torch.distributed.checkpoint.save", 1,
+                                   collective=True))  # fmt: skip
     _patch(dcp, "load", _wrap_load(dcp.load, "torch.distributed.checkpoint.load", 1))
 
 

@@ -101,7 +101,9 @@ class Landing:
                     hashes[path] = _sha256(path)
                 if hashes[path] == save.sha256:
                     save.found.add(path)
-                    landed.append(Landed(Path(path), save.sha256, save.size, save.api))
+                    file = Landed(Path(path), save.sha256, save.size, save.api)
+                    if file not in landed:  # two saves of the same bytes: one file
+                        landed.append(file)
             save.age += 1
         with self._lock:
             self.pending = [s for s in self.pending if s.age < MAX_AGE]

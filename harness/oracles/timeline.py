@@ -170,6 +170,13 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
     found: list[Detection] = []
     trained: set[int] = set()
     failed: list[Event] = []
+    # A process that loaded damaged bytes did not avoid them, whatever else it loaded
+    # intact beside them (the other files of the same checkpoint).
+    took_damage = {
+        (e.rank, e.restart)
+        for e in journal.of_kind("file_loaded")
+        if e.get("intact") is False or e.get("path") in damaged
+    }
     seen = other_fault = other_checkpoint_fault = False
     answer: bool | None = None  # None: not begun; True: going on; False: over
     for event in journal:
@@ -200,7 +207,7 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
             detector = "restart"
         elif event.kind == "file_load_failed":
             failed.append(event)
-        elif event.kind == "file_loaded":
+        elif event.kind == "file_loaded" and (event.rank, event.restart) not in took_damage:
             path = event.get("path")
             if any(f.get("path") != path for f in failed) or (
                 event.get("intact") is True and damaged and path not in damaged
