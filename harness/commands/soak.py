@@ -14,19 +14,25 @@ from typing import Any
 
 from rich.markup import escape
 
+from faults.spec import MAX_STEP
 from harness.commands.suite import UsageError, interrupt
 from harness.commands.tables import command_console
 from harness.errors import TightropeError
 
+#: The largest values the soak's counts and lengths take: a week of minutes, the steps a
+#: fault may name, as many ranks as this machine could start.
+MAX_MINUTES = 7 * 24 * 60.0
+MAX_WORLD_SIZE = 1024
 
-def _positive(kind: type[float] | type[int], what: str) -> Any:
+
+def _positive(kind: type[float] | type[int], what: str, most: float = MAX_STEP) -> Any:
     def parse(text: str) -> float | int:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        if not 0 < value <= most:  # NaN fails both
+            raise argparse.ArgumentTypeError(f"expected {what} up to {most:,.0f}, got {text!r}")
         return value
 
     return parse
@@ -63,7 +69,7 @@ def add_commands(commands: Any) -> None:
     length = soak.add_mutually_exclusive_group()
     length.add_argument(
         "--minutes",
-        type=_positive(float, "a positive number of minutes"),
+        type=_positive(float, "a positive number of minutes", MAX_MINUTES),
         help="fill about this much fault-free training time (default: 10)",
     )
     length.add_argument(
@@ -82,7 +88,10 @@ def add_commands(commands: Any) -> None:
     )
     soak.add_argument("--model", choices=("tiny", "small"), default="tiny", help="(tiny)")
     soak.add_argument(
-        "--world-size", type=_positive(int, "a positive integer"), default=2, help="ranks (2)"
+        "--world-size",
+        type=_positive(int, "a positive integer", MAX_WORLD_SIZE),
+        default=2,
+        help="ranks (2)",
     )
     soak.add_argument(
         "--checkpoint-every",
@@ -98,14 +107,14 @@ def add_commands(commands: Any) -> None:
     )
     soak.add_argument(
         "--max-stall",
-        type=_positive(float, "a positive number of seconds"),
+        type=_positive(float, "a positive number of seconds", MAX_MINUTES * 60),
         default=60.0,
         help="longest wait between finished steps, restarts included (default 60 s)",
     )
     soak.add_argument("--no-shrink", action="store_true", help="do not shrink a broken plan")
     soak.add_argument(
         "--shrink-minutes",
-        type=_positive(float, "a positive number of minutes"),
+        type=_positive(float, "a positive number of minutes", MAX_MINUTES),
         default=15.0,
         help="time shrinking may take (default 15)",
     )

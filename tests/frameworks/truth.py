@@ -3,7 +3,7 @@
 Each helper takes a run directory (the trainer's working directory: ``checkpoint-N/`` of the
 Hugging Face Trainer, ``ckpt/last.ckpt`` of Lightning, ``ckpt/step_N/`` of Accelerate,
 ``ckpt/step-N/`` of DCP) and its ``trainer.log`` (the trainer's own output, which the
-scripts and frameworks print). These facts are how tests/test_frameworks.py derives the
+scripts and frameworks print). These facts are how tests/frameworks/expected.py derives the
 verdict tightrope must give, so none of them may read the journal:
 
 - :func:`weights_finite`: the weights of the last checkpoint the framework wrote, loaded with

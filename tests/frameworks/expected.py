@@ -1,16 +1,19 @@
-"""Verdicts on trainers written with real frameworks: the table of what each check must say.
+"""Verdicts on trainers written with real frameworks: the table of what each check must say,
+and the two checks of it that tests/test_frameworks_one_rank.py and
+tests/test_frameworks_two_ranks.py run on their suites.
 
 `tests/frameworks/` holds one script per framework (the Hugging Face Trainer, Lightning,
 Accelerate, a torchrun loop saving with torch.distributed.checkpoint under DDP and FSDP2),
 each written the way that framework's docs show and knowing nothing of tightrope;
-`tests/frameworks/verdicts.yaml` runs each fault-free, under a NaN gradient guarded and
-unguarded, killed and resumed the framework's own way, and resumed from a newest checkpoint
-with a flipped bit or cut in half, through the zero-code attach.
+`tests/frameworks/one_rank.yaml` and `two_ranks.yaml` run each under a NaN gradient guarded
+and unguarded, killed and resumed the framework's own way, and resumed from a newest
+checkpoint with a flipped bit or cut in half, through the zero-code attach; the fault-free
+run each scenario is compared with (its baseline) is judged as well.
 
 The expected verdicts are not what tightrope said once: each rests on a fact read from the
 framework's own files by `tests/frameworks/truth.py` (the weights of its last checkpoint,
 the step its resume loaded, the bytes of the checkpoint it loaded against an undamaged run's),
-and `test_the_frameworks_did_what_the_table_says` checks those facts on the same run dirs.
+and `check_facts` checks those facts on the same run dirs.
 """
 
 from __future__ import annotations
@@ -19,17 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from harness.oracles.health import CompletedOracle, ParamsFiniteOracle
+from harness.oracles.verdict import Check, Evidence
+from harness.records.journal import read_journal
 from harness.running.results import SuiteResult
 from harness.running.runner import RunOptions, run_suite
 from harness.suites.suite_loader import load_suite
 from tests.frameworks import truth
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-pytest.importorskip("lightning")
-
-ROOT = Path(__file__).resolve().parent.parent
-SUITE = ROOT / "tests" / "frameworks" / "verdicts.yaml"
+ROOT = Path(__file__).resolve().parents[2]
 STEPS, KILLED_AT, DAMAGED_STEP = 30, 18, 16
 
 P, F = "passed", "failed"
@@ -80,9 +81,11 @@ def refused(last_step: int) -> dict[str, tuple[str, object]]:
     }
 
 
-#: scenario -> check -> (status, figure); None: any figure.
+#: scenario -> check -> (status, figure); None: any figure. A name ending in ``-clean`` is
+#: the fault-free baseline of the scenario named by `FAULT_FREE`.
 TABLE: dict[str, dict[str, tuple[str, object]]] = {
     "hf-clean": CLEAN,
+    "hf-ddp-clean": CLEAN,
     "hf-nan": NAN,
     "hf-guard-nan": GUARDED,
     "hf-kill": KILLED,
@@ -100,6 +103,8 @@ TABLE: dict[str, dict[str, tuple[str, object]]] = {
     "accelerate-kill": KILLED,
     "accelerate-bitflip": silently_loaded(ranks=1),
     "accelerate-truncate": refused(KILLED_AT),
+    "dcp-clean": CLEAN,
+    "dcp-fsdp-clean": CLEAN,
     "dcp-nan": NAN,
     "dcp-guard-nan": GUARDED,
     "dcp-kill": KILLED,
@@ -107,42 +112,60 @@ TABLE: dict[str, dict[str, tuple[str, object]]] = {
     "dcp-truncate": refused(KILLED_AT),
     "dcp-fsdp-kill": KILLED,
 }
+#: The fault-free runs judged: the baseline of which scenario.
+FAULT_FREE = {
+    "hf-clean": "hf-nan",
+    "hf-ddp-clean": "hf-kill",
+    "lightning-clean": "lightning-nan",
+    "accelerate-clean": "accelerate-nan",
+    "dcp-clean": "dcp-nan",
+    "dcp-fsdp-clean": "dcp-fsdp-kill",
+}
 #: The scenarios whose job ends in an error: the framework refused the damaged checkpoint.
 CRASHED = {"hf-truncate", "lightning-truncate", "accelerate-truncate", "dcp-truncate"}
 
 
-@pytest.fixture(scope="module")
-def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("frameworks")
-
-
-@pytest.fixture(scope="module")
-def verdicts(out_dir: Path) -> SuiteResult:
+def run_suite_of(suite: Path, out_dir: Path) -> SuiteResult:
+    """Run ``suite`` (its trainers named relative to the repository) into ``out_dir``."""
     options = RunOptions(out_dir=out_dir / "out", cache_dir=out_dir / "cache", cores=2)
     with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(ROOT)  # the suite names its trainers relative to the repository
-        return run_suite(load_suite(SUITE), options, progress=False)
+        patch.chdir(ROOT)
+        return run_suite(load_suite(suite), options, progress=False)
 
 
 def run_dir(verdicts: SuiteResult, out_dir: Path, name: str) -> Path:
+    """Where scenario ``name`` ran (a ``-clean`` name: its baseline, in the run cache, where
+    its checkpoints are kept; see FAULT_FREE)."""
+    if name in FAULT_FREE:
+        result = next(r for r in verdicts.scenarios if r.name == FAULT_FREE[name])
+        assert result.baseline_dir, f"{FAULT_FREE[name]} kept no baseline"
+        return out_dir / "cache" / result.baseline_dir
     result = next(r for r in verdicts.scenarios if r.name == name)
     return out_dir / "out" / result.run_dir
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_every_verdict_on_framework_trainers_follows_what_they_did(
-    verdicts: SuiteResult,
-) -> None:
+def judge_fault_free(verdicts: SuiteResult, out_dir: Path, name: str) -> dict[str, Check]:
+    """The fault-free run's checks: its weights finite, trained to the end and finished."""
+    where = run_dir(verdicts, out_dir, name)
+    evidence = Evidence(journal=read_journal(where), run_dir=where, target_steps=STEPS)
+    return {o.name: o.judge(evidence) for o in (ParamsFiniteOracle(), CompletedOracle())}
+
+
+def check_verdicts(verdicts: SuiteResult, out_dir: Path, names: set[str]) -> None:
+    """Every verdict of the scenarios ``names`` is the table's."""
     measured = {
         r.name: {c.name: (c.status, c.figure) for c in r.checks} for r in verdicts.scenarios
     }
+    for name in names & FAULT_FREE.keys():
+        checks = judge_fault_free(verdicts, out_dir, name)
+        measured[name] = {c.name: (c.status, c.figure) for c in checks.values()}
     crashed = {r.name for r in verdicts.scenarios if r.error}
+    table = {name: checks for name, checks in TABLE.items() if name in names}
     expected = {
         name: {check: (status, measured.get(name, {}).get(check, (None, None))[1])
                if figure is None else (status, figure)
                for check, (status, figure) in checks.items()}
-        for name, checks in TABLE.items()
+        for name, checks in table.items()
     }  # fmt: skip
     wrong = [
         f"{name}.{check}: expected {want}, measured {measured.get(name, {}).get(check)}"
@@ -152,17 +175,17 @@ def test_every_verdict_on_framework_trainers_follows_what_they_did(
     ]
     errors = {r.name: r.error for r in verdicts.scenarios if r.error}
     wrong += [f"{name}: crashed {name in crashed}, expected {name in CRASHED}: {errors.get(name)}"
-              for name in sorted(crashed ^ CRASHED)]  # fmt: skip
-    wrong += [f"{name}: not run" for name in sorted(TABLE.keys() - measured.keys())]
+              for name in sorted(crashed ^ (CRASHED & names))]  # fmt: skip
+    wrong += [f"{name}: not run" for name in sorted(table.keys() - measured.keys())]
     assert not wrong, "\n".join(wrong)
-    assert measured == expected
+    assert {name: measured[name] for name in table} == expected
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_the_frameworks_did_what_the_table_says(verdicts: SuiteResult, out_dir: Path) -> None:
+def check_facts(verdicts: SuiteResult, out_dir: Path, names: set[str]) -> None:
+    """What the table rests on holds, read from the frameworks' own files."""
     facts: dict[str, dict[str, object]] = {}
-    for name in TABLE:
+    expected: dict[str, dict[str, object]] = {}
+    for name in sorted(names):
         framework = truth.framework_of(name)
         run = run_dir(verdicts, out_dir, name)
         fact: dict[str, object] = {"final_step": truth.final_step(run)}
@@ -177,9 +200,6 @@ def test_the_frameworks_did_what_the_table_says(verdicts: SuiteResult, out_dir: 
             if framework != "lightning":  # Lightning overwrites last.ckpt at the next save
                 fact["damaged"] = bool(truth.damaged_files(run, reference, framework, DAMAGED_STEP))
         facts[name] = fact
-    expected: dict[str, dict[str, object]] = {}
-    for name in TABLE:
-        framework = truth.framework_of(name)
         if name.endswith("-clean") or name.endswith("-guard-nan"):
             expected[name] = {"final_step": STEPS, "weights_finite": True}
         elif name.endswith("-nan"):
