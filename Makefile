@@ -43,9 +43,9 @@ browser:
 
 ## test: lint, then every test tier that can run on this machine, in two pytest-xdist
 ## workers: the distributed, docker and timed tests one at a time, first, in one of them
-## (tests/lanes.py)
+## (tests/lanes.py); the 25 slowest are listed at the end, to show where the time goes
 test: lint browser
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
 ## mechanism overhead, loss-spike detector precision, duplicate filter speed and F1,
