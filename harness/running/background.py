@@ -119,15 +119,23 @@ def start(
     return record
 
 
-def exit_code(record: Record) -> int | None:
+def exit_code(record: Record, wait: float = 0.0) -> int | None:
     """The leader's exit code when this process started it and it has ended; else None.
+    ``wait``: seconds to give a leader that is still exiting (its process no longer counts
+    as alive, and is not yet a zombie to reap).
 
     Reaps it, so a job that ended on its own leaves no zombie in a long ``chaos run``."""
-    try:
-        pid, status = os.waitpid(record.pid, os.WNOHANG)
-    except ChildProcessError:  # started by another process, or reaped already
-        return None
-    return os.waitstatus_to_exitcode(status) if pid == record.pid else None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            pid, status = os.waitpid(record.pid, os.WNOHANG)
+        except ChildProcessError:  # started by another process, or reaped already
+            return None
+        if pid == record.pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def stop(record: Record, grace: float = 10.0) -> Stopped:

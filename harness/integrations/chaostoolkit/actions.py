@@ -150,7 +150,8 @@ def wait_for_suite(scorecard: str, timeout_s: float = 600.0) -> dict[str, Any]:
                 f"the suite into {scorecard} is still running after {timeout_s:g} s"
             )
         time.sleep(0.5)
-    return {"scorecard": scorecard, "exit_code": background.exit_code(record)}
+    # Its processes are gone; the leader may still be exiting, not yet a zombie to reap.
+    return {"scorecard": scorecard, "exit_code": background.exit_code(record, wait=10.0)}
 
 
 def stop_suite(scorecard: str, grace_s: float = 10.0) -> dict[str, Any]:
