@@ -33,11 +33,22 @@ def is_serial(item: pytest.Item) -> bool:
 
 def assign_groups(items: list[pytest.Item]) -> None:
     """Mark each test's group: `SERIAL_GROUP`, else its module (so a module-scoped fixture
-    is built in one worker only); the serial tests first."""
+    is built in one worker only); the serial tests first, then the modules with the most
+    ``slow`` tests (the scheduler hands groups out in this order: the longest first leaves
+    short ones to even out the two workers' ends)."""
+    slow: dict[str, int] = {}
     for item in items:
         group = SERIAL_GROUP if is_serial(item) else item.path.name
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: not is_serial(item))
+        if item.get_closest_marker("slow"):
+            slow[group] = slow.get(group, 0) + 1
+
+    # Stable: each module's tests stay together and in their order.
+    def order(item: pytest.Item) -> tuple[bool, int]:
+        serial = is_serial(item)
+        return (not serial, 0 if serial else -slow.get(item.path.name, 0))
+
+    items.sort(key=order)
 
 
 def record_groups(items: list[pytest.Item]) -> None:

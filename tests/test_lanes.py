@@ -58,3 +58,16 @@ def test_serial_tests_share_one_group_that_comes_first(
         "test_plain": module,
         "test_plain_too": module,
     }
+
+
+def test_modules_with_more_slow_tests_are_handed_out_first(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_a="def test_quick():\n    pass\n",
+        test_b=(
+            "import pytest\n\n@pytest.mark.slow\ndef test_long():\n    pass\n\n"
+            "def test_short():\n    pass\n"
+        ),
+    )
+    items, _ = pytester.inline_genitems()
+    lanes.assign_groups(items)
+    assert [item.name for item in items] == ["test_long", "test_short", "test_quick"]
