@@ -5,7 +5,8 @@ tests/test_frameworks_two_ranks.py run on their suites.
 `tests/frameworks/` holds one script per framework (the Hugging Face Trainer, Lightning,
 Accelerate, a torchrun loop saving with torch.distributed.checkpoint under DDP and FSDP2),
 each written the way that framework's docs show and knowing nothing of tightrope;
-`tests/frameworks/one_rank.yaml` and `two_ranks.yaml` run each under a NaN gradient guarded
+`tests/frameworks/one_rank.yaml`, `two_ranks.yaml` and `dcp.yaml` (not in make test:
+docs/frameworks.md) run each under a NaN gradient guarded
 and unguarded, killed and resumed the framework's own way, and resumed from a newest
 checkpoint with a flipped bit or cut in half, through the zero-code attach; the fault-free
 run each scenario is compared with (its baseline) is judged as well.
