@@ -15,7 +15,7 @@ import torch
 
 import harness
 from faults import FaultPlan
-from harness.inside.layer_figures import SAMPLE_VALUES, histogram
+from harness.inside.layer_figures import SAMPLE_VALUES, OutputSamples, histogram
 from harness.inside.microscope import MicroscopeOptions, MicroscopeOptionsError
 from harness.records.journal import read_journal
 from harness.records.microscope_file import (
@@ -147,10 +147,10 @@ def test_the_output_hooks_stay_put_between_steps_without_a_fault(tmp_path: Path)
 def test_a_failing_microscope_is_journaled_once_and_training_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(output: torch.Tensor) -> np.ndarray:
+    def broken(self: OutputSamples, index: int, output: torch.Tensor) -> None:
         raise RuntimeError("no histogram today")
 
-    monkeypatch.setattr("harness.inside.microscope.histogram", broken)
+    monkeypatch.setattr(OutputSamples, "add", broken)
     train(tmp_path, 6)
     journal = read_journal(tmp_path)
     [failed] = journal.of_kind("microscope_failed")
@@ -167,6 +167,30 @@ def test_a_large_output_is_sampled_but_its_overflow_and_nan_are_counted_exactly(
     every = histogram(output)
     assert every.sum() == output.numel()  # a blow-up somewhere: every value is binned
     assert every[BIN_LABELS.index(">=1e+8")] == 1 and every[-1] == 1
+
+
+def test_a_steps_outputs_binned_together_count_as_each_binned_alone() -> None:
+    """The microscope bins a step's outputs only when it writes the step, all layers at
+    once: the counts are those of each output binned on its own, added up per layer."""
+    torch.manual_seed(0)
+    blown = torch.randn(8, 64, 64)
+    blown[0, 0, 0] = float("inf")
+    outputs = [
+        (0, torch.randn(100)),
+        (1, torch.randn(50_000) * 3),
+        (1, torch.randn(4097) * 1e-6),  # the same layer again: a second micro-batch
+        (2, blown),  # binned at once, in full
+        (2, torch.randn(8, 64, 64).half()),
+        (3, torch.randint(0, 5, (10,))),  # not floating point: not counted
+    ]
+    samples = OutputSamples(4)
+    for index, output in outputs:
+        samples.add(index, output)
+    alone = np.zeros((4, len(BIN_LABELS)), dtype=np.int64)
+    for index, output in outputs:
+        alone[index] += histogram(output)
+    assert (samples.counts() == alone).all() and alone[2, -1] == 1 and alone[3].sum() == 0
+    assert (samples.counts() == alone).all()  # asked again: counted once
 
 
 def test_bad_settings_are_named() -> None:

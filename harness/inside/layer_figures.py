@@ -105,23 +105,67 @@ def _norm(tensors: list[torch.Tensor]) -> float:
     return value if not math.isnan(value) else math.inf
 
 
-def histogram(output: torch.Tensor) -> np.ndarray:
-    """Counts of ``|output|`` in the microscope's fixed bins (microscope_file.BIN_LABELS):
-    on a sample of about `SAMPLE_VALUES` values while every value is finite and under 1e8."""
-    x = output.detach()
-    if not x.is_floating_point():
-        return np.zeros(N_BINS, dtype=np.int64)
-    x = x.reshape(-1)
-    if x.numel() > SAMPLE_VALUES:
-        low, high = torch.aminmax(x)  # NaN when any value is NaN; one pass
-        peak = max(-float(low), float(high))
-        if math.isfinite(peak) and peak < OVERFLOW:
+class OutputSamples:
+    """A step's layer outputs, kept as what their histograms need and binned only when
+    `counts` is asked for: the microscope asks only for the steps it writes (about one in
+    ``every``), and binning all layers at once costs a few tensor operations rather than a
+    dozen per layer and forward.
+
+    An output of more than `SAMPLE_VALUES` values whose largest magnitude is finite and
+    under 1e8 is kept as a float32 copy of an evenly strided sample of about that many
+    values; any other output is binned at once, in full (so the overflow and nan/inf bins
+    always count exactly, and no whole activation is held)."""
+
+    def __init__(self, layers: int) -> None:
+        self._counts = np.zeros((layers, N_BINS), dtype=np.int64)
+        self._kept: list[tuple[int, torch.Tensor]] = []
+
+    def add(self, index: int, output: torch.Tensor) -> None:
+        """Layer ``index`` computed ``output`` (its forward may run more than once a step:
+        the counts add up)."""
+        x = output.detach()
+        if not x.is_floating_point():
+            return
+        x = x.reshape(-1)
+        if x.numel() > SAMPLE_VALUES:
+            low, high = torch.aminmax(x)  # NaN when any value is NaN; one pass
+            peak = max(-float(low), float(high))
+            if not (math.isfinite(peak) and peak < OVERFLOW):
+                self._counts[index] += _bin([x])[0]
+                return
             # An odd stride, so a sample of a (batch, time, channels) tensor meets every
             # channel rather than the few a stride dividing the width would.
             x = x[:: max(1, x.numel() // SAMPLE_VALUES) | 1]
-    x = x.float().abs()
+        self._kept.append((index, x.to(torch.float32, copy=True)))
+
+    def counts(self) -> np.ndarray:
+        """Counts of ``|output|`` per layer in the microscope's fixed bins
+        (microscope_file.BIN_LABELS), int64 ``[layers, bins]``."""
+        if self._kept:
+            layers = torch.cat([torch.full((len(x),), i, dtype=torch.long) for i, x in self._kept])
+            self._counts += _bin([x for _, x in self._kept], layers, len(self._counts))
+            self._kept = []
+        return self._counts
+
+
+def _bin(
+    values: list[torch.Tensor], layers: torch.Tensor | None = None, n_layers: int = 1
+) -> np.ndarray:
+    """Fixed-bin counts of ``|values|`` (concatenated), one row per layer of ``layers``
+    (the layer index of each value; all in row 0 when None)."""
+    x = torch.cat(values).float().abs() if len(values) > 1 else values[0].float().abs()
     index = torch.log10(x).mul_(2.0).add_(17.0).floor_().clamp_(1.0, 33.0)
     index = torch.where(x == 0, 0.0, index)
-    index = torch.where(torch.isfinite(x), index, float(N_BINS - 1))
-    counts = torch.bincount(index.long(), minlength=N_BINS)
-    return counts.cpu().numpy().astype(np.int64)
+    index = torch.where(torch.isfinite(x), index, float(N_BINS - 1)).long()
+    if layers is not None:
+        index += layers.to(index.device) * N_BINS
+    counts: np.ndarray = torch.bincount(index, minlength=n_layers * N_BINS).cpu().numpy()
+    return counts.astype(np.int64).reshape(n_layers, N_BINS)
+
+
+def histogram(output: torch.Tensor) -> np.ndarray:
+    """Counts of ``|output|`` in the microscope's fixed bins (see `OutputSamples`)."""
+    samples = OutputSamples(1)
+    samples.add(0, output)
+    counts: np.ndarray = samples.counts()[0]
+    return counts

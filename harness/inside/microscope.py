@@ -42,9 +42,9 @@ from harness.inside.hooks import OutputHook
 from harness.inside.latency_probe import probe
 from harness.inside.layer_figures import (
     Layers,
+    OutputSamples,
     default_layer,
     grad_norms,
-    histogram,
     snapshot,
     update_ratios,
     weight_norms,
@@ -148,12 +148,14 @@ class Microscope:
         self._model: nn.Module | None = None
         self._layers: Layers | None = None
         self._hooks: list[RemovableHandle] = []
-        self._hist: np.ndarray | None = None
+        self._outputs: OutputSamples | None = None
         self._grads: np.ndarray | None = None
         self._before: list[list[torch.Tensor]] | None = None
         self._ratios: np.ndarray | None = None
-        self._ring: deque[Record] = deque(maxlen=options.window)
+        # Each with its step's outputs, binned only when the record is written.
+        self._ring: deque[tuple[Record, OutputSamples | None]] = deque(maxlen=options.window)
         self._pending: Record | None = None  # the last step, until claims about it are in
+        self._pending_outputs: OutputSamples | None = None
         self._after = 0  # steps still to record after the last anomaly
         self._losses: deque[float] = deque(maxlen=20)
         self._step = 0
@@ -211,7 +213,7 @@ class Microscope:
                 self.writer.add_probe(step, peer, micros)
             self._probed = True
         self.comm.take()  # what came before this step is not this step's
-        self._hist = np.zeros((len(layers.names), N_BINS), dtype=np.int64)
+        self._outputs = OutputSamples(len(layers.names))
         if faults_hooked or not self._hooks:
             self._remove_hooks()
             for i, name in enumerate(layers.names):
@@ -220,11 +222,11 @@ class Microscope:
 
     def _see(self, index: int, output: Any) -> None:
         """Layer ``index`` computed ``output`` (its output hook calls this)."""
-        if self._hist is not None and isinstance(output, torch.Tensor):
+        if self._outputs is not None and isinstance(output, torch.Tensor):
             try:
-                self._hist[index] += histogram(output)
+                self._outputs.add(index, output)
             except Exception as exc:  # raised again at end_step, out of the forward
-                self._hist, self._failed = None, exc
+                self._outputs, self._failed = None, exc
 
     def after_backward(self) -> None:
         """Gradients exist: each layer's norm (the last backward of the step counts)."""
@@ -257,7 +259,7 @@ class Microscope:
         loss = observed.get("loss")
         if isinstance(loss, (int, float)):
             anomaly = anomaly or self._spike(float(loss))
-        hist = self._hist if self._hist is not None else np.zeros((n, N_BINS), np.int64)
+        self._pending_outputs, self._outputs = self._outputs, None
         self._pending = Record(
             step=self._step,
             why=0,
@@ -265,10 +267,9 @@ class Microscope:
             grad_norm=grads,
             weight_norm=weight_norms(self._layers),
             update_ratio=self._ratios if self._ratios is not None else np.full(n, np.nan),
-            act_hist=hist,
+            act_hist=np.zeros((n, N_BINS), np.int64),  # binned when written
             allreduce_ms=self.comm.take(),
         )
-        self._hist = None
         nonfinite = not np.all(np.isfinite(grads[~np.isnan(grads)]))
         if anomaly or nonfinite:
             self.mark_anomaly()
@@ -309,16 +310,17 @@ class Microscope:
 
     def _finish_pending(self) -> None:
         record, self._pending = self._pending, None
+        outputs, self._pending_outputs = self._pending_outputs, None
         if record is None or self.writer is None:
             return
         if record.why & WHY_ANOMALY:
-            for earlier in self._ring:
+            for earlier, its_outputs in self._ring:
                 if earlier.step >= record.step - self.options.window:
                     earlier.why |= WHY_BEFORE
-                    self.writer.add(earlier)
+                    self._write(earlier, its_outputs)
             self._ring.clear()
             self._after = self.options.window
-            self.writer.add(record)
+            self._write(record, outputs)
             self.writer.flush()  # an anomaly may be the last thing this process does
             return
         if record.step % self.options.every == 0:
@@ -327,9 +329,16 @@ class Microscope:
             record.why |= WHY_AFTER
             self._after -= 1
         if record.why:
-            self.writer.add(record)
+            self._write(record, outputs)
         else:
-            self._ring.append(record)
+            self._ring.append((record, outputs))
+
+    def _write(self, record: Record, outputs: OutputSamples | None) -> None:
+        """Hand ``record`` to the writer with its outputs binned."""
+        if outputs is not None:
+            record.act_hist = outputs.counts()
+        if self.writer is not None:
+            self.writer.add(record)
 
     def _remove_hooks(self) -> None:
         for handle in self._hooks:
