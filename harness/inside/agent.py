@@ -443,17 +443,11 @@ class Agent:
             self._look(lambda m: m.fault_injected())
         for record in records:
             self._injected_this_step = True
-            details = dict(record.details)
+            plan: dict[str, Any] = {}
             if self._current is not None:
                 self._fired.add((self._current, self.step))
-                details["plan_index"] = self._current
-            self.journal.emit(
-                "fault_injected",
-                self.step,
-                fault=record.fault,
-                target=record.target,
-                details=details,
-            )
+                plan["plan_index"] = self._current
+            self.journal.emit("fault_injected", self.step, **record.event_fields(**plan))
 
     def _agree_timers(self, step: int) -> None:
         """Rank 0's clock decides which ``after_seconds`` faults fire now; every rank arms

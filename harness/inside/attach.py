@@ -25,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan
 from harness.inside.agent import Agent
+from harness.inside.exec_env import check_plan
 from harness.inside.files import (
     SaveMatch,
     add_file_listener,
@@ -73,7 +74,6 @@ from harness.records.events import (
     StepObserved,
 )
 from harness.run_layout import RunLayout
-from harness.running.exec import check_plan
 
 #: Steps between the attached agent's looks at every parameter and gradient (besides every
 #: step with an injection and the end of the run): each is a pass over the model, and a

@@ -126,7 +126,7 @@ def _launch_faulted(
             argv, log=log, deadline=deadline, env=env, on_poll=poll, cwd=cwd, stop=stop
         )
     if spec.launcher == "docker":
-        from harness.docker.launch import run_on_docker
+        from harness.running.docker_launch import run_on_docker
 
         return run_on_docker(scenario, run_dir, plan, log, deadline, poll, owner_env=owner)
     # A process fault needs torchrun even for one rank: it restarts what was lost.
