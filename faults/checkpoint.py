@@ -36,11 +36,6 @@ from pydantic import Field, model_validator
 
 from faults.checkpoint_files import (
     DATA,
-    DELTA_FILE,
-    LATEST,
-    MANIFEST,
-    STATE_FILE,
-    WHICH,
     contained,
     fsync,
     latest_checkpoint,
@@ -50,6 +45,7 @@ from faults.checkpoint_files import (
     write_at,
     write_latest,
 )
+from faults.checkpoint_tree import DELTA_FILE, LATEST, MANIFEST, STATE_FILE, WHICH
 from faults.errors import InjectionError, NothingToDamage
 from faults.injector import Injection, Injector, StepContext
 from faults.spec import FaultClass, FaultSpec, seeded
