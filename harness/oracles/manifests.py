@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from faults.checkpoint_tree import MANIFEST
+from faults.checkpoint_tree import MANIFEST as MANIFEST  # re-exported
 from faults.checkpoint_tree import STEP_NAME as _STEP_NAME
 
 _CHUNK = 1 << 20

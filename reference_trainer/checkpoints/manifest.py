@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from faults.checkpoint_tree import MANIFEST
+from faults.checkpoint_tree import MANIFEST as MANIFEST  # re-exported
 from faults.checkpoint_tree import STEP_NAME as _STEP_NAME
 from reference_trainer.checkpoints.files import read_plain
 from reference_trainer.errors import CheckpointError
