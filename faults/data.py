@@ -26,10 +26,11 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import Field
 
+from faults.bias import Bias
 from faults.document_stream import InjectedStream
 from faults.document_stream import StreamDocument as StreamDocument
 from faults.injector import Injector
@@ -51,14 +52,16 @@ class DuplicateContaminationSpec(FaultSpec):
     #: The stream is contaminated from its first document; no other trigger means anything.
     triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
-    rate: float = Field(
+    rate: Annotated[float, Bias((0.05, 0.001))] = Field(
         ge=0.001, le=0.05, description="Share of yielded documents that are injected copies."
     )
-    near_fraction: float = Field(
+    near_fraction: Annotated[float, Bias((0.0, 1.0))] = Field(
         default=0.5, ge=0, le=1, description="Share of the copies that are near duplicates."
     )
-    edits: int = Field(default=2, ge=1, le=5, description="Word edits in each near duplicate.")
-    pool: int = Field(
+    edits: Annotated[int, Bias()] = Field(
+        default=2, ge=1, le=5, description="Word edits in each near duplicate."
+    )
+    pool: Annotated[int, Bias(upto=64)] = Field(
         default=16, ge=1, description="Copies are of the first this many documents seen."
     )
     source: str | None = Field(

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from faults.bias import Bias
 from faults.document_stream import InjectedStream, StreamDocument
 from faults.injector import Injector
 from faults.spec import FaultClass, FaultSpec, Reach, Trigger, seeded
@@ -63,15 +64,17 @@ class TokenizerStressSpec(FaultSpec):
     #: The stream is stressed from its first document; no other trigger means anything.
     triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
-    rate: float = Field(
+    rate: Annotated[float, Bias((0.5, 0.001))] = Field(
         ge=0.001, le=0.5, description="Share of yielded documents that are stress documents."
     )
-    kinds: list[StressKind] = Field(
+    kinds: Annotated[list[StressKind], Bias()] = Field(
         default_factory=lambda: list(STRESS_KINDS),
         min_length=1,
         description="The kinds of stress document to draw from.",
     )
-    words: int = Field(default=40, ge=4, le=1000, description="Words in each stress document.")
+    words: Annotated[int, Bias((4, 1000))] = Field(
+        default=40, ge=4, le=1000, description="Words in each stress document."
+    )
 
 
 def _word(rng: random.Random) -> str:

@@ -20,10 +20,11 @@ Like duplicate contamination, the kind's reach is ``documents`` and its only tri
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from faults.bias import Bias
 from faults.document_stream import InjectedStream, StreamDocument
 from faults.injector import Injector
 from faults.spec import FaultClass, FaultSpec, Reach, Trigger, seeded
@@ -65,10 +66,10 @@ class ToxicContaminationSpec(FaultSpec):
     #: The stream is contaminated from its first document; no other trigger means anything.
     triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
-    rate: float = Field(
+    rate: Annotated[float, Bias((0.2, 0.001))] = Field(
         ge=0.001, le=0.2, description="Share of yielded documents that are injected toxic posts."
     )
-    context: float = Field(
+    context: Annotated[float, Bias((0.0, 1.0))] = Field(
         default=0.3, ge=0, le=1, description="Share that start with a benign sentence."
     )
     source: str = Field(
