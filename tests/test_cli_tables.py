@@ -14,8 +14,8 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from harness.scorecard.render.tables import Column, command_console, plain_table, print_table
 from harness.suites.suite_loader import load_suite
+from harness.tables import Column, command_console, plain_table, print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "scenarios/core.yaml"

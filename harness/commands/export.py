@@ -19,7 +19,7 @@ from rich.progress import (
 )
 
 from harness.exports.tensorboard import ExportCounts, export_tensorboard
-from harness.scorecard.render.tables import command_console
+from harness.tables import command_console
 
 #: Fewer points than this are written before a progress bar would have drawn once.
 _BAR_FROM = 2000

@@ -17,7 +17,7 @@ from rich.markup import escape
 from faults.spec import MAX_STEP
 from harness.commands.suite import UsageError, interrupt
 from harness.errors import TightropeError
-from harness.scorecard.render.tables import command_console
+from harness.tables import command_console
 
 #: The largest values the soak's counts and lengths take: a week of minutes, the steps a
 #: fault may name, as many ranks as this machine could start.

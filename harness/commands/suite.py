@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import TightropeError
-from harness.scorecard.render.tables import Column, command_console, print_table
 from harness.suites.keywords import keyword_match
 from harness.suites.scenario import TRAINER_PRESETS, Scenario, Suite
+from harness.tables import Column, command_console, print_table
 
 
 class UsageError(TightropeError):

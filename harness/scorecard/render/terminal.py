@@ -7,9 +7,9 @@ from rich.markup import escape
 from rich.text import Text
 
 from harness.running.results import ScenarioResult, SuiteResult
-from harness.scorecard.render.tables import Cell, Column, print_table
 from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
 from harness.scorecard.text import describe_check
+from harness.tables import Cell, Column, print_table
 
 _STATUS = {"passed": "[green]PASS[/]", "failed": "[red]FAIL[/]", "error": "[magenta]ERROR[/]"}
 _ERROR_CHARS = 300
