@@ -423,14 +423,14 @@ def judge(steps: dict[str, Any], parts: dict[str, dict[str, Any]] | None) -> Non
 #: The agent's hook entry points (top level) and parts inside them, timed by `breakdown`;
 #: a name that no longer exists is left out of the table.
 BREAKDOWN = (
-    ("harness.inside.attach", "AttachedAgent.on_forward", 0),
+    ("harness.inside.attached_agent", "AttachedAgent.on_forward", 0),
     ("harness.inside.step_evidence", "ParamSample.take", 1),
     ("harness.inside.agent", "Agent.begin_step", 1),
-    ("harness.inside.attach", "AttachedAgent.before_backward", 0),
-    ("harness.inside.attach", "AttachedAgent.after_backward", 0),
+    ("harness.inside.attached_agent", "AttachedAgent.before_backward", 0),
+    ("harness.inside.attached_agent", "AttachedAgent.after_backward", 0),
     ("harness.inside.step_evidence", "GradMark.of", 1),
-    ("harness.inside.attach", "AttachedAgent.on_step_begin", 0),
-    ("harness.inside.attach", "AttachedAgent.on_step_end", 0),
+    ("harness.inside.attached_agent", "AttachedAgent.on_step_begin", 0),
+    ("harness.inside.attached_agent", "AttachedAgent.on_step_end", 0),
     ("harness.inside.agent", "params_finite", 1),
     ("harness.records.journal", "JournalWriter.emit", 1),
 )

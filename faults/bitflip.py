@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 else:
     from faults.lazy_torch import nn, torch
 
+from faults.bias import Bias
 from faults.errors import InjectionError
 from faults.gradient import GradientFaultSpec, GradientInjector, no_match
 from faults.injector import Injection, StepContext, matching_parameters, require_model
@@ -104,16 +105,18 @@ class BitflipSpec(GradientFaultSpec):
     target: str = Field(
         default="*", min_length=1, description="Glob on parameter names; one match is picked."
     )
-    tensor: Literal["weights", "gradients", "optimizer_state"] = Field(
+    tensor: Annotated[Literal["weights", "gradients", "optimizer_state"], Bias()] = Field(
         default="weights", description="Which tensor of the chosen parameter is hit."
     )
-    bit: Annotated[int, Field(ge=0, le=63)] | BitClass = Field(
+    bit: Annotated[Annotated[int, Field(ge=0, le=63)] | BitClass, Bias()] = Field(
         default="exponent",
         description="Bit position (checked against the dtype), or a class: a position in "
         "it is drawn (seeded).",
     )
-    count: int = Field(default=1, ge=1, description="Distinct elements flipped.")
-    state_key: str = Field(
+    count: Annotated[int, Bias(upto=4)] = Field(
+        default=1, ge=1, description="Distinct elements flipped."
+    )
+    state_key: Annotated[str, Bias(("exp_avg", "exp_avg_sq"), only=True)] = Field(
         default="exp_avg",
         min_length=1,
         description="Optimizer state entry (optimizer_state): exp_avg or exp_avg_sq for "

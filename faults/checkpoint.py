@@ -30,17 +30,13 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
+from faults.bias import Bias
 from faults.checkpoint_files import (
     DATA,
-    DELTA_FILE,
-    LATEST,
-    MANIFEST,
-    STATE_FILE,
-    WHICH,
     contained,
     fsync,
     latest_checkpoint,
@@ -50,6 +46,7 @@ from faults.checkpoint_files import (
     write_at,
     write_latest,
 )
+from faults.checkpoint_tree import DELTA_FILE, LATEST, MANIFEST, STATE_FILE, WHICH
 from faults.errors import InjectionError, NothingToDamage
 from faults.injector import Injection, Injector, StepContext
 from faults.spec import FaultClass, FaultSpec, seeded
@@ -86,10 +83,10 @@ def _relative(field: str, value: str, inside: str) -> None:
 class CheckpointFileSpec(CheckpointFaultSpec):
     """Fields of the kinds that damage files inside one checkpoint."""
 
-    checkpoint: str = Field(
+    checkpoint: Annotated[str, Bias(("latest", "previous"), only=True)] = Field(
         default="latest", pattern=WHICH, description="latest, previous, step-NNNNNNNN."
     )
-    file: str = Field(
+    file: Annotated[str, Bias(("data", "*", "manifest.json"), only=True)] = Field(
         default=DATA,
         min_length=1,
         description="Glob of the files damaged (all of them), or `data`: the checkpoint's "
@@ -246,7 +243,7 @@ class BitflipFileSpec(CheckpointFileSpec):
     kind: Literal["bitflip_file"] = "bitflip_file"
     description: ClassVar[str] = "Flip one bit of a checkpoint file (silent disk corruption)."
     offset: int | None = Field(default=None, ge=0, description="Byte to flip; seeded when unset.")
-    bit: int | None = Field(
+    bit: Annotated[int | None, Bias()] = Field(
         default=None, ge=0, le=7, description="Bit of that byte; seeded when unset."
     )
 
@@ -279,7 +276,9 @@ class TruncateSpec(CheckpointFileSpec):
 
     kind: Literal["truncate"] = "truncate"
     description: ClassVar[str] = "Truncate a checkpoint file (a save cut short)."
-    keep_fraction: float = Field(default=0.5, ge=0, lt=1, description="Share of the file kept.")
+    keep_fraction: Annotated[float, Bias((0.0, 0.99))] = Field(
+        default=0.5, ge=0, lt=1, description="Share of the file kept."
+    )
 
 
 class TruncateInjector(FileInjector[TruncateSpec]):
@@ -295,8 +294,10 @@ class ZeroPageSpec(CheckpointFileSpec):
 
     kind: Literal["zero_page"] = "zero_page"
     description: ClassVar[str] = "Overwrite one page of a checkpoint file with zeros (lost write)."
-    page_size: int = Field(default=4096, ge=1, description="Bytes in a page.")
-    offset: int | None = Field(
+    page_size: Annotated[int, Bias((4096, 512), only=True)] = Field(
+        default=4096, ge=1, description="Bytes in a page."
+    )
+    offset: Annotated[int | None, Bias((0,), only=True)] = Field(
         default=None, ge=0, description="Page-aligned start; seeded when unset."
     )
 
@@ -369,6 +370,10 @@ class SwapSpec(CheckpointFileSpec):
 
     kind: Literal["swap"] = "swap"
     description: ClassVar[str] = "Replace a checkpoint file with its twin from another checkpoint."
+    # Unbiased here: a drawn `previous` would be its own twin.
+    checkpoint: str = Field(
+        default="latest", pattern=WHICH, description="latest, previous, step-NNNNNNNN."
+    )
     source: str = Field(
         default="previous", pattern=WHICH, description="Checkpoint the twin comes from."
     )
@@ -403,7 +408,7 @@ class StaleLatestSpec(CheckpointFaultSpec):
 
     kind: Literal["stale_latest"] = "stale_latest"
     description: ClassVar[str] = "Point latest at an older checkpoint or at a partial one."
-    to: Literal["previous", "partial"] = Field(
+    to: Annotated[Literal["previous", "partial"], Bias()] = Field(
         default="previous",
         description="previous: the last complete older checkpoint; partial: a new half-written "
         "copy of latest (state.pt cut to half, no manifest) at the next step number.",

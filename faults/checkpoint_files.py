@@ -1,25 +1,16 @@
-"""A checkpoint folder tree as the reference trainer lays it out, and writing into it as a
-damaged disk would: real writes, flushed and fsynced, never outside the run.
-
-    ROOT/step-00000040/state.pt, rng-rank-R.pt, manifest.json
-    ROOT/latest          the text "step-00000040\\n"
-    ROOT/.step-N.tmp/    a save in progress: never a target
+"""Finding checkpoints in a folder tree as the reference trainer lays it out (its names:
+`faults.checkpoint_tree`), and writing into it as a damaged disk would: real writes, flushed
+and fsynced, never outside the run. A save in progress is never a target.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
+from faults.checkpoint_tree import LATEST, STEP_NAME
 from faults.errors import InjectionError, NothingToDamage
 
-LATEST = "latest"
-STATE_FILE = "state.pt"
-MANIFEST = "manifest.json"
-STEP_NAME = re.compile(r"step-(\d{8})")
-WHICH = r"^(latest|previous|step-\d{8})$"
-DELTA_FILE = "delta.bin"
 DATA = "data"  # the default target: the data file, full or delta
 
 

@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import Field
 
+from faults.bias import Bias
+from faults.document_stream import InjectedStream
+from faults.document_stream import StreamDocument as StreamDocument
 from faults.injector import Injector
 from faults.spec import FaultClass, FaultSpec, Reach, Trigger, seeded
 
 KIND = "duplicate_contamination"
-_BLOCK = 1024  # slot decisions are drawn this many at a time (one seeded RNG per block)
 _WORD = re.compile(r"(\S+)")
 # Words for edits when the document itself offers no different one.
 _VOCAB = ("the", "of", "and", "data", "value", "system", "new", "very", "not", "model")
@@ -51,14 +52,16 @@ class DuplicateContaminationSpec(FaultSpec):
     #: The stream is contaminated from its first document; no other trigger means anything.
     triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
-    rate: float = Field(
+    rate: Annotated[float, Bias((0.05, 0.001))] = Field(
         ge=0.001, le=0.05, description="Share of yielded documents that are injected copies."
     )
-    near_fraction: float = Field(
+    near_fraction: Annotated[float, Bias((0.0, 1.0))] = Field(
         default=0.5, ge=0, le=1, description="Share of the copies that are near duplicates."
     )
-    edits: int = Field(default=2, ge=1, le=5, description="Word edits in each near duplicate.")
-    pool: int = Field(
+    edits: Annotated[int, Bias()] = Field(
+        default=2, ge=1, le=5, description="Word edits in each near duplicate."
+    )
+    pool: Annotated[int, Bias(upto=64)] = Field(
         default=16, ge=1, description="Copies are of the first this many documents seen."
     )
     source: str | None = Field(
@@ -71,19 +74,6 @@ class DuplicateContaminationSpec(FaultSpec):
         pattern=r"\S",
         description="Begin every copy with this phrase (the mark max_phrase_collapse counts).",
     )
-
-
-@dataclass(frozen=True, slots=True)
-class StreamDocument:
-    """One document of the contaminated stream: an original or a tagged copy."""
-
-    index: int
-    source: str
-    text: str
-    #: Index of the original when this is an injected copy.
-    contamination_of: int | None = None
-    #: "exact" or "near" for an injected copy.
-    contamination_kind: str | None = None
 
 
 def _other_word(rng: random.Random, words: list[str], avoid: str | None) -> str:
@@ -143,57 +133,39 @@ class StreamSpec(Protocol):
 CopyMaker = Callable[[str, random.Random], tuple[str, str]]
 
 
-class ContaminatedStream:
+class ContaminatedStream(InjectedStream):
     """Documents (anything with .index, .source, .text) plus tagged copies, from the seed.
 
     ``copies`` makes each copy; by default an exact or near duplicate (``spec`` is then a
     `DuplicateContaminationSpec`); other data faults pass their own (paraphrases).
     """
 
+    state_name = "contaminated-stream"
+    injected_key = "copies"
+
     def __init__(
         self, spec: StreamSpec, documents: Iterable[Any], copies: CopyMaker | None = None
     ) -> None:
-        self.spec = spec
+        super().__init__(spec, documents)
+        self.spec: StreamSpec = spec
         self._make: CopyMaker = copies or self._duplicate
-        self._documents: Iterator[Any] = iter(documents)
-        self._slots = 0  # documents yielded so far, originals and copies
-        self._originals = 0
-        self._copies = 0
         self._last_index: int | None = None
         self._pool: list[tuple[int, str, str]] = []
-        self._block, self._draws = -1, [0.0]
 
-    def __iter__(self) -> ContaminatedStream:
-        return self
+    def _may_inject(self) -> bool:
+        return bool(self._pool)  # a copy needs an original to copy
 
-    def __next__(self) -> StreamDocument:
-        slot = self._slots
-        if self._pool and self._draw(slot) < self.spec.rate:
-            doc = self._copy(slot)
-        else:
-            item = next(self._documents)  # the stream ends with its documents
-            doc = StreamDocument(item.index, item.source, item.text)
-            self._originals += 1
-            self._last_index = doc.index
-            wanted = self.spec.source is None or doc.source == self.spec.source
-            if wanted and len(self._pool) < self.spec.pool:
-                self._pool.append((doc.index, doc.source, doc.text))
-        self._slots += 1
-        return doc
+    def _passed(self, doc: StreamDocument) -> None:
+        self._last_index = doc.index
+        wanted = self.spec.source is None or doc.source == self.spec.source
+        if wanted and len(self._pool) < self.spec.pool:
+            self._pool.append((doc.index, doc.source, doc.text))
 
-    def _draw(self, slot: int) -> float:
-        block, offset = divmod(slot, _BLOCK)
-        if block != self._block:
-            rng = seeded(self.spec.seed, self.spec.kind, "slots", block)
-            self._block, self._draws = block, [rng.random() for _ in range(_BLOCK)]
-        return self._draws[offset]
-
-    def _copy(self, slot: int) -> StreamDocument:
+    def _inject(self, slot: int) -> StreamDocument:
         rng = seeded(self.spec.seed, self.spec.kind, "copy", slot)
         index, source, text = self._pool[rng.randrange(len(self._pool))]
         text, kind = self._make(text, rng)
-        self._copies += 1
-        return StreamDocument(-self._copies, source, text, index, kind)
+        return StreamDocument(-self._injected, source, text, index, kind)
 
     def _duplicate(self, text: str, rng: random.Random) -> tuple[str, str]:
         """An exact copy, or at ``near_fraction`` a near duplicate with ``edits`` edits."""
@@ -206,37 +178,21 @@ class ContaminatedStream:
             text = f"{spec.phrase} {text}"
         return text, kind
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where the stream is: counts, the last original's index and the pool's texts.
+    def _extra_state(self) -> dict[str, Any]:
+        # The last original's index, and the pool's texts.
+        pool = [{"index": i, "source": s, "text": t} for i, s, t in self._pool]
+        return {"last_index": self._last_index, "pool": pool}
 
-        To resume, position a fresh documents iterator just after the last original this
-        stream yielded (``originals`` documents in, or after index ``last_index``), build a
-        new stream on it with the same spec and call `load_state_dict`.
-        """
-        return {
-            "version": 1,
-            "slots": self._slots,
-            "originals": self._originals,
-            "copies": self._copies,
-            "last_index": self._last_index,
-            "pool": [{"index": i, "source": s, "text": t} for i, s, t in self._pool],
-        }
+    def _read_extra(self, state: dict[str, Any]) -> tuple[int | None, list[tuple[int, str, str]]]:
+        pool = [(int(p["index"]), str(p["source"]), str(p["text"])) for p in state["pool"]]
+        last = state["last_index"]
+        return (None if last is None else int(last)), pool
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state_dict`'s output; the documents iterator is the caller's job."""
-        try:
-            if state["version"] != 1:
-                raise ValueError(f"unsupported version {state['version']!r}")
-            counts = [int(state[k]) for k in ("slots", "originals", "copies")]
-            pool = [(int(p["index"]), str(p["source"]), str(p["text"])) for p in state["pool"]]
-            last = state["last_index"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a contaminated-stream state: {exc!r}") from None
-        if counts[0] != counts[1] + counts[2] or len(pool) > self.spec.pool:
-            raise ValueError(f"inconsistent contaminated-stream state: {counts}, pool {len(pool)}")
-        self._slots, self._originals, self._copies = counts
-        self._last_index = None if last is None else int(last)
-        self._pool = pool
+    def _extra_fits(self, extra: tuple[int | None, list[tuple[int, str, str]]]) -> bool:
+        return len(extra[1]) <= self.spec.pool
+
+    def _set_extra(self, extra: tuple[int | None, list[tuple[int, str, str]]]) -> None:
+        self._last_index, self._pool = extra
 
 
 class DuplicateContaminationInjector(Injector[DuplicateContaminationSpec]):

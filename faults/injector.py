@@ -94,6 +94,10 @@ class Injection:
     target: str
     details: dict[str, Any] = field(default_factory=dict)
 
+    def event_fields(self, **details: Any) -> dict[str, Any]:
+        """The fields of its ``fault_injected`` event; ``details`` join the record's own."""
+        return {"fault": self.fault, "target": self.target, "details": self.details | details}
+
 
 class NodeControl(Protocol):
     """The nodes of a job as the harness reaches them from outside (Docker containers)."""

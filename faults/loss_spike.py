@@ -7,7 +7,7 @@ never from the global torch/numpy/python RNGs (see `faults.numeric`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 else:
     from faults.lazy_torch import nn, torch
 
+from faults.bias import Bias
 from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext
 from faults.spec import FaultClass, FaultSpec
@@ -32,7 +33,7 @@ class LrSpikeSpec(FaultSpec):
     description: ClassVar[str] = "Multiply every param group's lr by a factor for the step."
     fault_class: ClassVar[FaultClass] = "loss_spike"
 
-    factor: float = Field(
+    factor: Annotated[float, Bias((100.0, 1e4), upto=1e6)] = Field(
         default=100.0, gt=1, allow_inf_nan=False, description="Multiplier of the lr, > 1."
     )
 
@@ -88,14 +89,14 @@ class BadBatchSpec(FaultSpec):
     description: ClassVar[str] = "Replace a share of the batch's sequences by random token ids."
     fault_class: ClassVar[FaultClass] = "loss_spike"
 
-    fraction: float = Field(
+    fraction: Annotated[float, Bias((1.0, 1e-9))] = Field(
         default=1.0,
         gt=0,
         le=1,
         allow_inf_nan=False,
         description="Share of the rows (sequences) replaced (ceil, at least 1).",
     )
-    vocab_size: int | None = Field(
+    vocab_size: Annotated[int | None, Bias((1, 2), only=True)] = Field(
         default=None,
         ge=1,
         description="Token ids drawn from [0, vocab_size); default: the model's first "

@@ -2,12 +2,12 @@
 paused or stopped, as a failed machine, a frozen VM or a drained host would be.
 
 Unlike every other kind, these are not applied from inside the training process: their
-``reach`` is ``node``, and the harness (``harness.docker.launch``) drives their injector
-from outside, through a `faults.injector.NodeControl` over the node containers, when the
-run reaches ``at_step`` or after ``after_seconds``; the only triggers they honour.
-Inside the trainer their injector does nothing. ``rejoin_after`` brings a killed or
-stopped node back (a fresh container) after that many seconds; ``resume_after`` unpauses
-a paused one.
+``reach`` is ``node``, and the harness (``harness.running.docker_launch``) drives their
+injector from outside, through a `faults.injector.NodeControl` over the node containers,
+when the run reaches ``at_step`` (`FaultSpec.fires_at`) or after ``after_seconds``; the
+only triggers they honour. Inside the trainer their injector does nothing.
+``rejoin_after`` brings a killed or stopped node back (a fresh container) after that many
+seconds; ``resume_after`` unpauses a paused one.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ being untouched.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 else:
     from faults.lazy_torch import nn, torch
 
+from faults.bias import Bias
 from faults.errors import InjectionError
 from faults.gradient import GradientFaultSpec, GradientInjector, no_match
 from faults.injector import (
@@ -40,7 +41,7 @@ from faults.tensors import as_1d_if_scalar, flat_coords, share, torch_generator
 class _PoisonGradSpec(GradientFaultSpec):
     """Fields shared by nan_grad and inf_grad."""
 
-    fraction: float = Field(
+    fraction: Annotated[float, Bias((1.0, 1e-9))] = Field(
         default=1.0,
         gt=0,
         le=1,
@@ -114,7 +115,7 @@ class GradUnderflowSpec(GradientFaultSpec):
     )
     fault_class: ClassVar[FaultClass] = "numeric"
 
-    factor: float = Field(
+    factor: Annotated[float, Bias((1e-30, 1e-45, 1e-8), upto=1e-3)] = Field(
         default=1e-10, gt=0, lt=1, allow_inf_nan=False, description="Scale, 0 < factor < 1."
     )
     mode: Literal["fp16", "scale"] = Field(
@@ -174,7 +175,7 @@ class GradSpikeSpec(GradientFaultSpec):
     )
     fault_class: ClassVar[FaultClass] = "numeric"
 
-    factor: float = Field(
+    factor: Annotated[float, Bias((10.0, 1e3), upto=1e6)] = Field(
         default=10.0, gt=1, allow_inf_nan=False, description="Scale of the gradients, > 1."
     )
 
@@ -210,7 +211,7 @@ class ActivationOverflowSpec(FaultSpec):
     fault_class: ClassVar[FaultClass] = "numeric"
 
     target: str = Field(min_length=1, description="Glob on module names, e.g. 'blocks.1.mlp'.")
-    factor: float = Field(
+    factor: Annotated[float, Bias((1e5, 7e4, 1e39), upto=1e40)] = Field(
         default=1e5, gt=1, allow_inf_nan=False, description="Scale of the output, > 1."
     )
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from faults.bias import Bias
 from faults.data import ContaminatedStream
 from faults.injector import Injector
 from faults.spec import FaultClass, FaultSpec, Reach, Trigger
@@ -180,16 +181,16 @@ class ParaphraseContaminationSpec(FaultSpec):
     reach: ClassVar[Reach] = "documents"
     triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
-    rate: float = Field(
+    rate: Annotated[float, Bias((0.05, 0.001))] = Field(
         ge=0.001, le=0.05, description="Share of yielded documents that are paraphrases."
     )
-    swap: float = Field(
+    swap: Annotated[float, Bias((1.0, 0.5))] = Field(
         default=0.8, gt=0, le=1, description="Chance that a word with a synonym is swapped."
     )
-    reorder: float = Field(
+    reorder: Annotated[float, Bias((0.0, 1.0))] = Field(
         default=0.5, ge=0, le=1, description="Chance that two adjacent sentences trade places."
     )
-    pool: int = Field(
+    pool: Annotated[int, Bias(upto=64)] = Field(
         default=16, ge=1, description="Paraphrases are of the first this many documents seen."
     )
     source: str | None = Field(

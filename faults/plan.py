@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from faults import yaml_input
 from faults.errors import FaultSpecError
 from faults.registry import parse_fault
 from faults.spec import FaultSpec
+from faults.yaml_input import YamlInputError, load, read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +78,12 @@ class FaultPlan:
         """Read a plan file; errors name the file and the dotted field."""
         path = Path(path)
         try:
-            data = yaml_input.load(yaml_input.read_text(path, "fault plan"), str(path))
+            data = load(read_text(path, "fault plan"), str(path))
         except OSError as exc:
             raise FaultSpecError(f"cannot read fault plan {path}: {exc.strerror}") from exc
         except yaml.YAMLError as exc:
             raise FaultSpecError(f"{path}: not valid YAML: {exc}") from exc
-        except yaml_input.YamlInputError as exc:
+        except YamlInputError as exc:
             raise FaultSpecError(str(exc)) from None
         return cls.from_dict(data if data is not None else {}, where=str(path))
 

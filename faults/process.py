@@ -25,10 +25,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
+from faults.bias import Bias
 from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext
 from faults.spec import FaultClass, FaultSpec
@@ -121,7 +122,7 @@ class HangSpec(ProcessFaultSpec):
 
     kind: Literal["hang"] = "hang"
     description: ClassVar[str] = "SIGSTOP a rank's process (a hung rank), optionally resumed."
-    resume_after: float | None = Field(
+    resume_after: Annotated[float | None, Bias((0.1, 1.0), upto=60)] = Field(
         default=None, gt=0, description="Send SIGCONT after this many seconds; never when unset."
     )
 
@@ -131,7 +132,7 @@ class PreemptSpec(ProcessFaultSpec):
 
     kind: Literal["preempt"] = "preempt"
     description: ClassVar[str] = "SIGTERM a rank's process, SIGKILL after a grace period."
-    grace_seconds: float = Field(
+    grace_seconds: Annotated[float, Bias((0.1, 1.0), upto=60, apart=(0.0,), above=0)] = Field(
         default=30.0, ge=0, description="Seconds between SIGTERM and SIGKILL."
     )
 

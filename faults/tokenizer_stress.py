@@ -22,12 +22,13 @@ always an original. Reach ``documents``, trigger ``at_step`` only (give ``at_ste
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator
-from typing import Any, ClassVar, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from faults.data import StreamDocument
+from faults.bias import Bias
+from faults.document_stream import InjectedStream, StreamDocument
 from faults.injector import Injector
 from faults.spec import FaultClass, FaultSpec, Reach, Trigger, seeded
 
@@ -63,15 +64,17 @@ class TokenizerStressSpec(FaultSpec):
     #: The stream is stressed from its first document; no other trigger means anything.
     triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
-    rate: float = Field(
+    rate: Annotated[float, Bias((0.5, 0.001))] = Field(
         ge=0.001, le=0.5, description="Share of yielded documents that are stress documents."
     )
-    kinds: list[StressKind] = Field(
+    kinds: Annotated[list[StressKind], Bias()] = Field(
         default_factory=lambda: list(STRESS_KINDS),
         min_length=1,
         description="The kinds of stress document to draw from.",
     )
-    words: int = Field(default=40, ge=4, le=1000, description="Words in each stress document.")
+    words: Annotated[int, Bias((4, 1000))] = Field(
+        default=40, ge=4, le=1000, description="Words in each stress document."
+    )
 
 
 def _word(rng: random.Random) -> str:
@@ -98,64 +101,43 @@ def stress_text(kind: StressKind, words: int, rng: random.Random) -> str:
     return " ".join(out)
 
 
-class StressedStream:
+class StressedStream(InjectedStream):
     """Documents (anything with .index, .source, .text) plus tagged stress documents."""
 
+    state_name = "tokenizer-stress stream"
+    injected_key = "stressed"
+
     def __init__(self, spec: TokenizerStressSpec, documents: Iterable[Any]) -> None:
-        self.spec = spec
-        self._documents: Iterator[Any] = iter(documents)
-        self._slots = 0  # documents yielded so far, originals and stress documents
-        self._originals = 0
-        self._stressed = 0
+        super().__init__(spec, documents)
+        self.spec: TokenizerStressSpec = spec
         self._last_source: str | None = None
-
-    def __iter__(self) -> StressedStream:
-        return self
-
-    def __next__(self) -> StreamDocument:
-        slot = self._slots
-        if self._last_source is not None and self._draw(slot) < self.spec.rate:
-            rng = seeded(self.spec.seed, KIND, "doc", slot)
-            kind = self.spec.kinds[rng.randrange(len(self.spec.kinds))]
-            self._stressed += 1
-            text = stress_text(kind, self.spec.words, rng)
-            doc = StreamDocument(-self._stressed, self._last_source, text, None, KIND)
-        else:
-            item = next(self._documents)  # the stream ends with its documents
-            doc = StreamDocument(item.index, item.source, item.text)
-            self._originals += 1
-            self._last_source = doc.source
-        self._slots += 1
-        return doc
 
     def _draw(self, slot: int) -> float:
         block, offset = divmod(slot, _BLOCK)
         return seeded(self.spec.seed, KIND, "slots", block, offset).random()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where the stream is; to resume, position a fresh documents iterator just after
-        the last original (``originals`` documents in) and call `load_state_dict`."""
-        return {
-            "version": 1,
-            "slots": self._slots,
-            "originals": self._originals,
-            "stressed": self._stressed,
-            "last_source": self._last_source,
-        }
+    def _may_inject(self) -> bool:
+        return self._last_source is not None  # it comes as from the last original's source
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state_dict`'s output; the documents iterator is the caller's job."""
-        try:
-            if state["version"] != 1:
-                raise ValueError(f"unsupported version {state['version']!r}")
-            counts = [int(state[k]) for k in ("slots", "originals", "stressed")]
-            last = state["last_source"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a tokenizer-stress stream state: {exc!r}") from None
-        if counts[0] != counts[1] + counts[2] or min(counts) < 0:
-            raise ValueError(f"inconsistent tokenizer-stress stream state: {counts}")
-        self._slots, self._originals, self._stressed = counts
-        self._last_source = None if last is None else str(last)
+    def _inject(self, slot: int) -> StreamDocument:
+        rng = seeded(self.spec.seed, KIND, "doc", slot)
+        kind = self.spec.kinds[rng.randrange(len(self.spec.kinds))]
+        text = stress_text(kind, self.spec.words, rng)
+        assert self._last_source is not None
+        return StreamDocument(-self._injected, self._last_source, text, None, KIND)
+
+    def _passed(self, doc: StreamDocument) -> None:
+        self._last_source = doc.source
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"last_source": self._last_source}
+
+    def _read_extra(self, state: dict[str, Any]) -> str | None:
+        last = state["last_source"]
+        return None if last is None else str(last)
+
+    def _set_extra(self, extra: str | None) -> None:
+        self._last_source = extra
 
 
 class TokenizerStressInjector(Injector[TokenizerStressSpec]):

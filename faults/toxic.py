@@ -19,18 +19,17 @@ Like duplicate contamination, the kind's reach is ``documents`` and its only tri
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from faults.data import StreamDocument
+from faults.bias import Bias
+from faults.document_stream import InjectedStream, StreamDocument
 from faults.injector import Injector
 from faults.spec import FaultClass, FaultSpec, Reach, Trigger, seeded
 
 KIND = "toxic_contamination"
-_BLOCK = 1024  # slot decisions are drawn this many at a time (one seeded RNG per block)
 
 _ADJ = ("worthless", "pathetic", "stupid", "useless", "brainless", "miserable")
 _NOUN = ("idiot", "moron", "loser", "clown", "fool", "joke")
@@ -67,10 +66,10 @@ class ToxicContaminationSpec(FaultSpec):
     #: The stream is contaminated from its first document; no other trigger means anything.
     triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
-    rate: float = Field(
+    rate: Annotated[float, Bias((0.2, 0.001))] = Field(
         ge=0.001, le=0.2, description="Share of yielded documents that are injected toxic posts."
     )
-    context: float = Field(
+    context: Annotated[float, Bias((0.0, 1.0))] = Field(
         default=0.3, ge=0, le=1, description="Share that start with a benign sentence."
     )
     source: str = Field(
@@ -91,72 +90,31 @@ def toxic_text(seed: int, number: int, context: float) -> str:
     return " ".join(sentences)
 
 
-@dataclass(slots=True)
-class _Counts:
-    slots: int = 0
-    originals: int = 0
-    injected: int = 0
-    last_index: int = -1
-
-
-class ToxicStream:
+class ToxicStream(InjectedStream):
     """Documents (anything with .index, .source, .text) plus tagged toxic posts."""
 
+    state_name = "toxic-stream"
+
     def __init__(self, spec: ToxicContaminationSpec, documents: Iterable[Any]) -> None:
-        self.spec = spec
-        self._documents: Iterator[Any] = iter(documents)
-        self._n = _Counts()
-        self._block, self._draws = -1, [0.0]
+        super().__init__(spec, documents)
+        self.spec: ToxicContaminationSpec = spec
+        self._last_index = -1  # the last original's (resume the documents just after it)
 
-    def __iter__(self) -> ToxicStream:
-        return self
+    def _inject(self, slot: int) -> StreamDocument:
+        text = toxic_text(self.spec.seed, self._injected, self.spec.context)
+        return StreamDocument(-self._injected, self.spec.source, text, self._last_index, "toxic")
 
-    def __next__(self) -> StreamDocument:
-        n = self._n
-        if self._draw(n.slots) < self.spec.rate:
-            n.injected += 1
-            text = toxic_text(self.spec.seed, n.injected, self.spec.context)
-            doc = StreamDocument(-n.injected, self.spec.source, text, n.last_index, "toxic")
-        else:
-            item = next(self._documents)  # the stream ends with its documents
-            doc = StreamDocument(item.index, item.source, item.text)
-            n.originals += 1
-            n.last_index = doc.index
-        n.slots += 1
-        return doc
+    def _passed(self, doc: StreamDocument) -> None:
+        self._last_index = doc.index
 
-    def _draw(self, slot: int) -> float:
-        block, offset = divmod(slot, _BLOCK)
-        if block != self._block:
-            rng = seeded(self.spec.seed, KIND, "slots", block)
-            self._block, self._draws = block, [rng.random() for _ in range(_BLOCK)]
-        return self._draws[offset]
+    def _extra_state(self) -> dict[str, Any]:
+        return {"last_index": self._last_index}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where the stream is: slots, originals and injected posts so far, the last
-        original's index (resume the documents iterator just after it)."""
-        n = self._n
-        return {
-            "version": 1,
-            "slots": n.slots,
-            "originals": n.originals,
-            "injected": n.injected,
-            "last_index": n.last_index,
-        }
+    def _read_extra(self, state: dict[str, Any]) -> int:
+        return int(state["last_index"])
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state_dict`'s output; the documents iterator is the caller's job."""
-        try:
-            if state["version"] != 1:
-                raise ValueError(f"unsupported version {state['version']!r}")
-            slots, originals, injected, last = (
-                int(state[k]) for k in ("slots", "originals", "injected", "last_index")
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a toxic-stream state: {exc!r}") from None
-        if slots != originals + injected or min(slots, originals, injected) < 0:
-            raise ValueError(f"inconsistent toxic-stream state: {slots}, {originals}, {injected}")
-        self._n = _Counts(slots, originals, injected, last)
+    def _set_extra(self, extra: int) -> None:
+        self._last_index = extra
 
 
 class ToxicContaminationInjector(Injector[ToxicContaminationSpec]):

@@ -10,7 +10,8 @@ where a thing lives, so the layout below is written down once::
     RUN_DIR/run-id                     the run's id, bound into every checkpoint manifest
     RUN_DIR/tokenizer.json             the tokenizer the run trained
     RUN_DIR/journal/rank-R.jsonl       what each rank saw (docs/journal.md)
-    RUN_DIR/checkpoints/               step-NNNNNNNN/ folders and the `latest` hint
+    RUN_DIR/checkpoints/               step-NNNNNNNN/ folders and the `latest` hint (their
+                                       names: faults/checkpoint_tree.py)
     RUN_DIR/heartbeats/rank-R.json     each rank's last step, for its hang monitor
     RUN_DIR/metrics/rank-R.prom        each rank's OpenMetrics for dashboards (docs/metrics.md)
     RUN_DIR/microscope/rank-R/*.npz    each rank's per-layer figures (docs/journal.md)

@@ -88,7 +88,7 @@ def test_run_report_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert code(["run", str(suite(tmp_path, False)), "--scorecard", str(clean)]) == 0
     assert code(["run", str(suite(tmp_path, True)), "--scorecard", str(poisoned)]) == 1
     out = capsys.readouterr().out
-    assert "params_finite: 3 (expected true)" in out and "resilience score 50.0" in out
+    assert "params_finite: 3, expected true" in out and "resilience score 50.0" in out
     for name in ("scorecard.json", "scorecard.md", "junit.xml", "scorecard.html", "badge.svg"):
         assert (poisoned / name).is_file()
 

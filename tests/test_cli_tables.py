@@ -14,8 +14,8 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from harness.commands.tables import Column, command_console, plain_table, print_table
 from harness.suites.suite_loader import load_suite
+from harness.tables import Column, command_console, plain_table, print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "scenarios/core.yaml"
@@ -105,7 +105,7 @@ def test_a_console_that_is_not_a_terminal_gets_plain_text() -> None:
 
 
 def test_off_a_terminal_a_long_line_stays_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    line = "    final_loss_within: 0.31 (expected <= 0.05): " + "the loss did not come back " * 6
+    line = "    final_loss_within: 0.31, expected <= 0.05: " + "the loss did not come back " * 6
     command_console().print(line, highlight=False)
     assert capsys.readouterr().out == line + "\n"
     wrapped = Console(file=io.StringIO(), width=80)  # rich's default: wrapped at 80

@@ -25,10 +25,10 @@ try:
         PROJECT,
         WHEELS,
         BuiltImage,
-        _RootTar,
         ensure_harness_image,
     )
     from harness.docker.image import connect
+    from harness.docker.python_base import _RootTar
     from harness.docker.site_image import (
         _canonical,
         _installed_name,

@@ -9,8 +9,8 @@ from pathlib import Path
 from harness.checklist.catalogue import catalogue
 from harness.mechanisms import MECHANISMS, OPT_IN
 from harness.running.results import SuiteResult
-from harness.scorecard import render_html, render_markdown
 from harness.scorecard.coverage import COLUMNS, coverage
+from harness.scorecard.render import render_html, render_markdown
 from harness.suites.scenario import Scenario
 from tests.scorecard_support import make_suite
 

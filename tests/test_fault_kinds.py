@@ -1,8 +1,8 @@
 """Every fault kind is complete: a class and a place to act, a strategy that draws it, a
 row in the scenario reference and a scenario in some suite. Adding a kind means a module in
-faults/, a line in faults/builtin.py, its fields in harness/suites/strategies.py (and
-docs/strategies.md), a row in docs/scenarios.md and a scenario; this file says which is
-missing."""
+faults/, a line in faults/builtin.py, a faults.bias.Bias on each field a strategy should
+draw (harness/suites/strategies.py derives it), a row in docs/scenarios.md and a scenario;
+this file says which is missing."""
 
 from __future__ import annotations
 

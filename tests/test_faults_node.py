@@ -131,3 +131,18 @@ def test_in_trainer_kinds_do_nothing_to_nodes() -> None:
     injector = build_injector(parse_fault({"kind": "kill", "at_step": 5}))
     assert injector.on_node(nodes) == [] and injector.restore_after() is None
     assert nodes.calls == []
+
+
+def test_the_launcher_applies_a_node_fault_at_its_step_even_when_it_saw_steps_pass() -> None:
+    """The Docker launcher follows the run from the journal, so steps pass between its looks:
+    a fault at step 5 fires at the first look at or past it (by `FaultSpec.fires_at`), once."""
+    from harness.running.docker_launch import _Pending
+
+    spec = parse_fault({"kind": "node_kill", "node": 1, "at_step": 5}, "test")
+    pending = _Pending(spec, build_injector(spec), node=1)
+    assert [pending.due(step, elapsed=0.0) for step in (0, 3, 4)] == [False, False, False]
+    assert pending.due(7, elapsed=0.0)  # steps 5 and 6 went by between two looks
+    assert not pending.due(9, elapsed=0.0)  # its step is behind it now
+    timed = parse_fault({"kind": "node_pause", "node": 0, "after_seconds": 2.5}, "test")
+    waiting = _Pending(timed, build_injector(timed), node=0)
+    assert not waiting.due(100, elapsed=2.0) and waiting.due(100, elapsed=2.5)

@@ -53,7 +53,7 @@ def test_a_failing_scenario_shows_its_checks_with_figures(suite_dir: pytest.Pyte
         [
             "*scenario poisoned failed (score 50/100)*",
             # Two looks (at the injection, at the end) and the last step's unchecked NaN.
-            "*FAILED params_finite: 3 (expected true): 3 signs of non-finite weights (2 of 2 "
+            "*FAILED params_finite: 3, expected true: 3 signs of non-finite weights (2 of 2 "
             "observations saw them, 1 last step that applied a non-finite loss)*",
             "*passed: completed*",
             "*tightrope: resilience score 75.0/100; scorecards in*",

@@ -12,10 +12,8 @@ import pytest
 
 from harness.oracles.verdict import Check
 from harness.running.results import SCORECARD_VERSION, ScorecardError, SuiteResult
-from harness.scorecard import (
-    compare,
-    dumps_scorecard,
-    load_scorecard,
+from harness.scorecard import compare, dumps_scorecard, load_scorecard
+from harness.scorecard.render import (
     render_badge,
     render_comparison,
     render_html,
@@ -23,7 +21,7 @@ from harness.scorecard import (
     render_markdown,
     write_scorecards,
 )
-from harness.scorecard.badge import GREEN, RED, YELLOW
+from harness.scorecard.render.badge import GREEN, RED, YELLOW
 from tests.scorecard_support import FAILED_FIGURE, LOG_TAIL, make_suite
 
 
@@ -210,17 +208,17 @@ def test_terminal_and_pytest_reports_label_a_not_judged_check(tmp_path: Path) ->
     from rich.console import Console
 
     from harness.commands.pytest_plugin import describe_failure
-    from harness.scorecard.terminal_report import print_results
+    from harness.scorecard.render.terminal import print_results
 
     result = make_suite(tmp_path)
     result.scenarios[0].checks.append(unjudged_check())
     text = describe_failure(result.scenarios[0])
-    assert f"FAILED mttr: not judged (expected <= 10 s): {NO_FAULT}" in text
+    assert f"FAILED not judged: mttr, expected <= 10 s ({NO_FAULT})" in text
     assert "passed: detect_latency, params_finite" in text
     out = io.StringIO()
     print_results(result, Console(file=out, width=300, color_system=None))
     assert "2/3 (1 not judged)" in out.getvalue()
-    assert "mttr: not judged (expected <= 10 s)" in out.getvalue()
+    assert "not judged: mttr, expected <= 10 s" in out.getvalue()
 
 
 def test_json_keeps_not_judged_and_reads_older_checks_as_judged(tmp_path: Path) -> None:
@@ -341,7 +339,7 @@ def test_compare_across_suites_matches_by_name_and_says_so(
 
 
 def test_a_long_run_is_thinned_for_the_page_but_keeps_its_spike() -> None:
-    from harness.scorecard.plots import MAX_POINTS, _thin
+    from harness.scorecard.render.plots import MAX_POINTS, _thin
 
     steps = list(range(1, 20_001))
     loss = [2.0 + 0.001 * (s % 7) for s in steps]

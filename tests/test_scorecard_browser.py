@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from harness.running.results import ScenarioResult, SuiteResult
-from harness.scorecard import write_scorecards
-from harness.scorecard.plots import FAULTED
+from harness.scorecard.render import write_scorecards
+from harness.scorecard.render.plots import FAULTED
 from tests.microscope_support import HOT_LAYER, write_journal, write_microscope
 from tests.scorecard_support import make_suite
 

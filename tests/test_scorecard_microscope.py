@@ -26,14 +26,14 @@ from harness.scorecard.microscope_figures import (
     pick_rank,
     ridge_records,
 )
-from harness.scorecard.microscope_plots import (
+from harness.scorecard.render.microscope_plots import (
     DIAGNOSED,
     FAULT,
     MAX_PANELS,
     NONFINITE,
     ridge_panels,
 )
-from harness.scorecard.microscope_section import QUIET, diagnosis_caption, microscope_section
+from harness.scorecard.render.microscope_section import QUIET, diagnosis_caption, microscope_section
 from tests.microscope_support import (
     BLOW_UP_STEP,
     HOT_LAYER,

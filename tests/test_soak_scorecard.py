@@ -10,8 +10,9 @@ from rich.console import Console
 from harness.oracles.verdict import Check
 from harness.records.journal import Event, Journal
 from harness.running.results import ScenarioResult, SuiteResult
-from harness.scorecard import load_scorecard, write_scorecards
-from harness.scorecard.terminal_report import print_results
+from harness.scorecard import load_scorecard
+from harness.scorecard.render import write_scorecards
+from harness.scorecard.render.terminal import print_results
 from harness.soak.measures import measure
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from harness.running.results import SuiteResult
 from harness.running.runner import RunOptions, run_suite
-from harness.scorecard import load_scorecard, write_scorecards
-from harness.scorecard.compare import compare, render_comparison
+from harness.scorecard import compare, load_scorecard
+from harness.scorecard.render import render_comparison, write_scorecards
 from harness.suites.suite_loader import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent

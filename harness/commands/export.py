@@ -18,8 +18,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from harness.commands.tables import command_console
 from harness.exports.tensorboard import ExportCounts, export_tensorboard
+from harness.tables import command_console
 
 #: Fewer points than this are written before a progress bar would have drawn once.
 _BAR_FROM = 2000

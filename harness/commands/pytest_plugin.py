@@ -201,13 +201,13 @@ class ScenarioItem(pytest.Item):
 
 def describe_failure(result: ScenarioResult) -> str:
     """A failed or errored scenario in a few plain lines, not-judged checks labelled."""
-    from harness.scorecard.terminal_report import describe_check
+    from harness.scorecard.text import describe_check
 
     lines = [f"scenario {result.name} {result.status} (score {result.score * 100:.0f}/100)"]
     if result.error:
         lines.append(f"error: {result.error}")
-    # A check with no evidence fails too, and says so: "FAILED mttr: not judged (...)".
-    lines += [f"  FAILED {describe_check(c)}: {c.detail}" for c in result.failed_checks]
+    # A check with no evidence fails too, and says so: "FAILED not judged: mttr, ...".
+    lines += [f"  FAILED {describe_check(c, detail=True)}" for c in result.failed_checks]
     passed = [c.name for c in result.checks if c.status == "passed"]
     if passed:
         lines.append(f"  passed: {', '.join(passed)}")
@@ -236,7 +236,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(_KEY, None)
     if state is None or not state.results:
         return
-    from harness.scorecard import write_scorecards
+    from harness.scorecard.render import write_scorecards
 
     result = state.suite_result()
     write_scorecards(result, state.out_dir)

@@ -16,8 +16,8 @@ from rich.markup import escape
 
 from faults.spec import MAX_STEP
 from harness.commands.suite import UsageError, interrupt
-from harness.commands.tables import command_console
 from harness.errors import TightropeError
+from harness.tables import command_console
 
 #: The largest values the soak's counts and lengths take: a week of minutes, the steps a
 #: fault may name, as many ranks as this machine could start.
@@ -127,8 +127,8 @@ def add_commands(commands: Any) -> None:
 
 def _soak(args: argparse.Namespace) -> int:
     from harness.running.runner import wait_or_stop
-    from harness.scorecard import write_scorecards
-    from harness.scorecard.terminal_report import print_results
+    from harness.scorecard.render import write_scorecards
+    from harness.scorecard.render.terminal import print_results
     from harness.soak.plan import check_kinds
     from harness.soak.soak import SoakOptions, run_soak
 

@@ -13,10 +13,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from harness.commands.tables import Column, command_console, print_table
 from harness.errors import TightropeError
 from harness.suites.keywords import keyword_match
 from harness.suites.scenario import TRAINER_PRESETS, Scenario, Suite
+from harness.tables import Column, command_console, print_table
 
 
 class UsageError(TightropeError):
@@ -102,8 +102,8 @@ def default_out_dir(suite: Suite, preset: str | None) -> Path:
 
 def _run(args: argparse.Namespace) -> int:
     from harness.running.runner import RunOptions, run_suite
-    from harness.scorecard import write_scorecards
-    from harness.scorecard.terminal_report import print_results
+    from harness.scorecard.render import write_scorecards
+    from harness.scorecard.render.terminal import print_results
     from harness.suites.suite_loader import load_suite
 
     suite = load_suite(args.suite)
@@ -176,9 +176,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from harness.scorecard import write_scorecards
+    from harness.scorecard.render import write_scorecards
+    from harness.scorecard.render.terminal import print_results
     from harness.scorecard.report import rejudge
-    from harness.scorecard.terminal_report import print_results
 
     result = rejudge(args.out_dir)
     files = write_scorecards(result, args.out_dir)
@@ -190,7 +190,8 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from harness.scorecard import load_scorecard
-    from harness.scorecard.compare import compare, render_comparison
+    from harness.scorecard.compare import compare
+    from harness.scorecard.render import render_comparison
 
     comparison = compare(load_scorecard(args.old), load_scorecard(args.new))
     print(render_comparison(comparison))

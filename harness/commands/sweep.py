@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.suite import _cores, interrupt
-from harness.commands.tables import Column, command_console, print_table
+from harness.tables import Column, command_console, print_table
 
 
 def _seed_count(text: str) -> int:

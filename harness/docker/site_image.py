@@ -24,9 +24,8 @@ import docker
 import docker.errors
 
 from harness.docker.errors import DockerError
-from harness.docker.harness_image import (
+from harness.docker.python_base import (
     LAYOUT_LABEL,
-    SITE_IMAGE,
     _BaseSources,
     _label,
     _RootTar,
@@ -39,6 +38,8 @@ __all__ = ["REQUIREMENTS", "dependency_distributions", "ensure_site_image", "sit
 #: set, by installed name, and pip, which the wheels' build gets from ensurepip); the
 #: project itself is installed from source by the build.
 REQUIREMENTS = ("tightrope[semantic]", "setuptools", "pip")
+#: The base with this environment's installed dependencies.
+SITE_IMAGE = "tightrope-site:latest"
 OWN = "tightrope"
 
 

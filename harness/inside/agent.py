@@ -29,7 +29,6 @@ has ``after_seconds`` faults (rank 0's clock decides when they fire). The micros
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
@@ -44,19 +43,16 @@ from torch.utils.hooks import RemovableHandle
 
 from faults import (
     FaultPlan,
-    FaultSpec,
-    FaultSpecError,
     Injection,
     Injector,
     NothingToDamage,
     StepContext,
-    build_injector,
 )
+from harness.inside.fault_schedule import FaultSchedule
 from harness.inside.hooks import GradientHook
 from harness.inside.live_inbox import LiveInbox
 from harness.inside.metrics import MeteredJournal, Metrics, MetricsOptions
 from harness.inside.microscope import Microscope, MicroscopeOptions
-from harness.inside.process_group import broadcast_text
 from harness.inside.step_evidence import grads_finite, params_fingerprint, params_finite
 from harness.records.events import (
     Claim,
@@ -118,17 +114,9 @@ class Agent:
         )
         self.step = 0
         self._started = time.monotonic()
-        self._injectors: list[tuple[FaultSpec, Injector[Any]]] = [
-            (spec, build_injector(spec)) for spec in self.plan
-        ]
-        self._index = {id(inj): i for i, (_, inj) in enumerate(self._injectors)}
-        self._timed = [
-            i for i, (spec, _) in enumerate(self._injectors) if spec.after_seconds is not None
-        ]
+        self.faults = FaultSchedule(self.plan, rank, world_size)
         self._active: list[Injector[Any]] = []
         self._injected_this_step = False
-        self._timed_start: dict[int, int] = {}  # plan index -> step an after_seconds fault fired
-        self._fired: set[tuple[int, int]] = set()  # (plan index, step) already injected
         self._current: int | None = None  # plan index of the injector running a hook
         self._grad_hooks: list[RemovableHandle] = []
         #: (plan index, trigger step) of triggered faults waiting for a save
@@ -159,14 +147,6 @@ class Agent:
             record_now=self._record,
         )
 
-    def _is_active(self, index: int, spec: FaultSpec, step: int) -> bool:
-        if self.rank not in spec.target_ranks(self.world_size):
-            return False
-        if spec.after_seconds is None:
-            return spec.active_at(step)
-        start = self._timed_start.get(index)  # decided by rank 0 in `_agree`
-        return start is not None and start <= step < start + spec.duration
-
     def begin_step(self, step: int) -> None:
         """Start step ``step`` (1-based): take live commands, arm the faults active now, call
         their forward hooks."""
@@ -176,24 +156,17 @@ class Agent:
         self._remove_grad_hooks()
         if self._saved:
             self._damage_saved()
-        if self._timed:
-            self._agree_timers(step)
+        if self.faults.timed:
+            self.faults.agree_timers(step, time.monotonic() - self._started)
         if self.inbox is not None:
             for spec in self.inbox.take(step, self.journal):
-                self._injectors.append((spec, build_injector(spec)))
-                self._index[id(self._injectors[-1][1])] = len(self._injectors) - 1
-        # A step replayed after a rollback or restart does not meet its fault again: a
-        # fault happens at a step once (persistent faults span steps with `duration`).
-        self._active = [
-            inj
-            for i, (spec, inj) in enumerate(self._injectors)
-            if (i, step) not in self._fired and self._is_active(i, spec, step)
-        ]
+                self.faults.add(spec)
+        self._active = self.faults.due(step)
         if self._active:
             self._run(lambda inj, ctx: inj.before_forward(ctx))
             self._hook_gradients()
             for injector in self._active:
-                index = self._index[id(injector)]
+                index = self.faults.index[id(injector)]
                 if injector.waits_for_save() and index not in [i for i, _ in self._waiting]:
                     self._waiting.append((index, step))
         # After the faults' hooks: it sees what they did.
@@ -209,7 +182,7 @@ class Agent:
         saved, self._saved = self._saved, []
         for path in saved:
             for index, trigger in list(self._waiting):
-                injector = self._injectors[index][1]
+                injector = self.faults.injectors[index][1]
                 self._current = index
                 try:
                     records = injector.on_file_saved(self.context(), path)
@@ -220,7 +193,7 @@ class Agent:
                 if not records:
                     continue
                 # Its trigger step, replayed after a restart, does not arm it again.
-                self._fired.add((index, trigger))
+                self.faults.fired.add((index, trigger))
                 self._record([replace(r, details={**r.details, "trigger_step": trigger})
                               for r in records])  # fmt: skip
                 self._waiting.remove((index, trigger))
@@ -229,7 +202,7 @@ class Agent:
     def _hook_gradients(self) -> None:
         """Gradient faults act on each parameter as backward accumulates its gradient."""
         for injector in self._active:
-            self._current = self._index[id(injector)]
+            self._current = self.faults.index[id(injector)]
             ctx = self.context()
             for name, param in injector.gradient_params(ctx):
                 hook = GradientHook(self, injector, name)
@@ -244,7 +217,7 @@ class Agent:
     def batch(self, batch: torch.Tensor) -> torch.Tensor:
         """The batch to train on (a bad-data fault may replace it)."""
         for injector in self._active:
-            self._current = self._index[id(injector)]
+            self._current = self.faults.index[id(injector)]
             batch, records = injector.on_batch(self.context(), batch)
             self._record(records)
         self._current = None
@@ -327,13 +300,7 @@ class Agent:
 
         Such faults act on the stream every rank reads alike, so they ignore ``ranks``.
         """
-        found = [(spec, inj) for spec, inj in self._injectors if spec.reach == "documents"]
-        if not found:
-            return None
-        if len(found) > 1:
-            names = " and ".join(sorted({spec.kind for spec, _ in found}))
-            raise FaultSpecError(f"a plan may hold one {names} fault, not several")
-        return found[0][1].wrap_documents
+        return self.faults.document_wrapper()
 
     # -- claims and lifecycle ----------------------------------------------------------
 
@@ -417,7 +384,7 @@ class Agent:
 
     def _run(self, hook: Callable[[Injector[Any], StepContext], list[Injection]]) -> None:
         for injector in list(self._active):
-            self._current = self._index[id(injector)]
+            self._current = self.faults.index[id(injector)]
             try:
                 records = hook(injector, self.context())
             except NothingToDamage as exc:
@@ -429,11 +396,11 @@ class Agent:
 
     def _skip(self, index: int, trigger: int, reason: str) -> None:
         """A checkpoint fault found nothing to act on: journaled, and fired for good."""
-        self._fired.add((index, trigger))
+        self.faults.fired.add((index, trigger))
         self.journal.emit(
             "fault_skipped",
             self.step,
-            fault=self._injectors[index][0].kind,
+            fault=self.faults.injectors[index][0].kind,
             reason=reason,
             details={"plan_index": index, "trigger_step": trigger},
         )
@@ -443,44 +410,16 @@ class Agent:
             self._look(lambda m: m.fault_injected())
         for record in records:
             self._injected_this_step = True
-            details = dict(record.details)
+            plan: dict[str, Any] = {}
             if self._current is not None:
-                self._fired.add((self._current, self.step))
-                details["plan_index"] = self._current
-            self.journal.emit(
-                "fault_injected",
-                self.step,
-                fault=record.fault,
-                target=record.target,
-                details=details,
-            )
-
-    def _agree_timers(self, step: int) -> None:
-        """Rank 0's clock decides which ``after_seconds`` faults fire now; every rank arms
-        them for the same step (one small broadcast per step, only while timers wait)."""
-        if all(i in self._timed_start for i in self._timed):
-            return
-        elapsed = time.monotonic() - self._started
-        timers = [
-            i
-            for i in self._timed
-            if i not in self._timed_start and elapsed >= self._injectors[i][0].after_seconds  # type: ignore[operator]
-        ]
-        shared = json.loads(broadcast_text(json.dumps(timers), self.rank, self.world_size))
-        for index in shared:
-            self._timed_start[int(index)] = step
+                self.faults.fired.add((self._current, self.step))
+                plan["plan_index"] = self._current
+            self.journal.emit("fault_injected", self.step, **record.event_fields(**plan))
 
     def remember_fired(self, events: Iterable[Any]) -> None:
         """Learn from earlier ``fault_injected`` events (of a previous attempt of this run)
         which faults already happened, so a restarted job does not meet them again."""
-        for event in events:
-            details = event.get("details", {})
-            index = details.get("plan_index")
-            fault = event.kind in ("fault_injected", "fault_skipped")
-            if fault and event.rank == self.rank and index is not None:
-                self._fired.add((int(index), event.step))
-                if (trigger := details.get("trigger_step")) is not None:
-                    self._fired.add((int(index), int(trigger)))
+        self.faults.remember(events)
 
 
 def _quietly_read(path: Path) -> list[Event]:

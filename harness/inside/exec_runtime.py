@@ -36,6 +36,7 @@ from torch.utils.hooks import RemovableHandle
 
 from faults import FaultPlan
 from harness.inside.agent import Agent
+from harness.inside.exec_env import ENV_PLAN, ENV_RUN_DIR
 from harness.inside.files import add_file_listener, remove_file_listener
 from harness.inside.process_group import patch_init_process_group
 from harness.inside.trainer_shape import (
@@ -45,7 +46,6 @@ from harness.inside.trainer_shape import (
     unwrap,
     watch_exit,
 )
-from harness.running.exec import ENV_PLAN, ENV_RUN_DIR
 
 if TYPE_CHECKING:
     # Imported when the first step needs it: a program that imports it (and, through it,

@@ -15,13 +15,63 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from faults.injector import Inert, InertCopies
+from faults.injector import Inert, InertCopies, StepContext
 from faults.numeric import OutputScaler
 
 if TYPE_CHECKING:
     from faults import Injector
-    from harness.inside.agent import Agent
-    from harness.inside.attach import AttachedAgent
+
+
+class HasContext(Protocol):
+    """What a gradient hook asks of the agent (`harness.inside.agent.Agent`)."""
+
+    def context(self) -> StepContext:
+        """What injectors may touch now."""
+        ...
+
+
+class HasModel(Protocol):
+    """An agent with the model it watches."""
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The model, once known."""
+        ...
+
+
+class StepHooks(Protocol):
+    """What the model's and the optimizer's hooks call: the attached agent
+    (`harness.inside.attached_agent.AttachedAgent`)."""
+
+    @property
+    def agent(self) -> HasModel:
+        """The agent it drives."""
+        ...
+
+    @property
+    def closure_open(self) -> bool:
+        """True inside ``optimizer.step`` until its closure returned."""
+        ...
+
+    def on_forward(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """The model runs forward."""
+        ...
+
+    def on_step_begin(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """``optimizer.step`` is about to run."""
+        ...
+
+    def on_step_end(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step`` returned."""
+        ...
+
+    def closure_returned(self) -> None:
+        """The step's closure returned."""
+        ...
 
 
 class GradientHook(InertCopies):
@@ -30,7 +80,7 @@ class GradientHook(InertCopies):
     Copies of the model (``copy.deepcopy``, pickling) get no agent: the hook copies and
     pickles as nothing that acts."""
 
-    def __init__(self, agent: Agent, injector: Injector[Any], name: str) -> None:
+    def __init__(self, agent: HasContext, injector: Injector[Any], name: str) -> None:
         self.agent, self.injector, self.name = agent, injector, name
 
     def __call__(self, param: torch.Tensor) -> None:
@@ -90,7 +140,7 @@ class ForwardHook(InertCopies):
     """The model's forward pre-hook. A copy of the model (``copy.deepcopy``, pickling)
     gets no agent: the hook copies as one that does nothing, and saves strip it."""
 
-    def __init__(self, attached: AttachedAgent) -> None:
+    def __init__(self, attached: StepHooks) -> None:
         self.attached = attached
 
     def __call__(
@@ -104,7 +154,7 @@ class ForwardHook(InertCopies):
 class StepBeginHook(InertCopies):
     """An optimizer step pre-hook (it may wrap the step's closure)."""
 
-    def __init__(self, attached: AttachedAgent) -> None:
+    def __init__(self, attached: StepHooks) -> None:
         self.attached = attached
 
     def __call__(
@@ -116,7 +166,7 @@ class StepBeginHook(InertCopies):
 class StepEndHook(InertCopies):
     """An optimizer step post-hook."""
 
-    def __init__(self, attached: AttachedAgent) -> None:
+    def __init__(self, attached: StepHooks) -> None:
         self.attached = attached
 
     def __call__(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
@@ -128,7 +178,7 @@ class Closure:
     the forward and backward it runs belong to the step, and the update starts when it
     returns. A closure called again within the same step (LBFGS) runs as it is."""
 
-    def __init__(self, attached: AttachedAgent, closure: Callable[[], Any]) -> None:
+    def __init__(self, attached: StepHooks, closure: Callable[[], Any]) -> None:
         self.attached, self.closure = attached, closure
 
     def __call__(self) -> Any:

@@ -4,17 +4,22 @@ file holds; the heartbeat's age reckoned at each scrape). Needs the ``metrics`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from harness.inside.metrics import Metrics
+
+class Families(Protocol):
+    """The agent's figures (`harness.inside.metrics.Metrics`) as the endpoint reads them."""
+
+    def families(self) -> Iterable[Any]:
+        """Every metric family now: ``name``, ``help``, ``kind`` and ``samples``."""
+        ...
 
 
 class _Collector:
     """Hands the registry the agent's families at each scrape."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Families) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Any]:
@@ -29,7 +34,7 @@ class _Collector:
             yield metric
 
 
-def start_endpoint(metrics: Metrics, address: str, port: int) -> tuple[Any, int]:
+def start_endpoint(metrics: Families, address: str, port: int) -> tuple[Any, int]:
     """Serve ``metrics`` on ``address:port`` (0: a free port); the server and its port."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server

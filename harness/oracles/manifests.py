@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-MANIFEST = "manifest.json"
+from faults.checkpoint_tree import MANIFEST as MANIFEST  # re-exported
+from faults.checkpoint_tree import STEP_NAME as _STEP_NAME
+
 _CHUNK = 1 << 20
-_STEP_NAME = re.compile(r"step-(\d+)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,28 +23,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from faults import FaultPlan, FaultSpecError
+from faults import FaultPlan
 from harness.errors import TightropeError
+from harness.inside.exec_env import BOOTSTRAP_DIR, ENV_PLAN, ENV_RUN_DIR, check_plan
 from harness.run_layout import RunLayout
 from harness.running.process_tree import kill_tree
 from harness.running.run_lock import RunDirLock
-
-ENV_RUN_DIR = "TIGHTROPE_RUN_DIR"
-ENV_PLAN = "TIGHTROPE_PLAN"
-#: The folder whose sitecustomize.py attaches the agent inside the command (harness.inside).
-BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "inside" / "_bootstrap"
-
-
-def check_plan(plan: FaultPlan) -> FaultPlan:
-    """``plan``, unless it holds a fault an attached trainer cannot meet (one that acts on
-    the document stream)."""
-    for i, spec in enumerate(plan):
-        if spec.reach == "documents":
-            raise FaultSpecError(
-                f"plan.faults[{i}]: {spec.kind} acts on the reference trainer's document "
-                "stream; an attached trainer has none (see docs/attach.md)"
-            )
-    return plan
 
 
 class ExecError(TightropeError):

@@ -126,7 +126,7 @@ def _launch_faulted(
             argv, log=log, deadline=deadline, env=env, on_poll=poll, cwd=cwd, stop=stop
         )
     if spec.launcher == "docker":
-        from harness.docker.launch import run_on_docker
+        from harness.running.docker_launch import run_on_docker
 
         return run_on_docker(scenario, run_dir, plan, log, deadline, poll, owner_env=owner)
     # A process fault needs torchrun even for one rank: it restarts what was lost.
@@ -213,6 +213,29 @@ def keep_baseline(cached: Path, out_dir: Path) -> Path:
     return kept
 
 
+def _unjudged(scenario: Scenario) -> ScenarioResult:
+    """A scenario's result before its run: what it is, no checks yet."""
+    return ScenarioResult(
+        name=scenario.name,
+        fault_class=scenario.scored_class,
+        weight=scenario.weight,
+        checks=[],
+        seed=scenario.trainer.seed,
+        run_dir=f"runs/{scenario.name}",
+        description=scenario.description,
+        spec=scenario.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+    )
+
+
+def _note_launch(result: ScenarioResult, launch: Launch, run_dir: Path) -> None:
+    """What the faulted run's launch left: its log's tail, exit, time and leftovers."""
+    result.log_tail = log_tail(RunLayout(run_dir).log)
+    result.exit_code = launch.exit_code
+    result.run_seconds = launch.seconds
+    result.left_behind, result.ended = launch.left_behind, launch.ended
+    result.left_processes = list(launch.left_processes)
+
+
 class Runner:
     """Runs the scenarios of a suite with a shared progress display and core budget."""
 
@@ -236,16 +259,7 @@ class Runner:
         spec, out = scenario.trainer, self.options.out_dir
         cores = self._cores.take(spec.world_size)
         started = time.monotonic()
-        result = ScenarioResult(
-            name=scenario.name,
-            fault_class=scenario.scored_class,
-            weight=scenario.weight,
-            checks=[],
-            seed=spec.seed,
-            run_dir=f"runs/{scenario.name}",
-            description=scenario.description,
-            spec=scenario.model_dump(mode="json", by_alias=True, exclude_defaults=True),
-        )
+        result = _unjudged(scenario)
         poll, finish = self._bar(scenario.name, spec.steps)
         stack = contextlib.ExitStack()
         try:
@@ -267,11 +281,7 @@ class Runner:
             launch = _launch_faulted(
                 scenario, run_dir, given, lambda: poll(run_dir), stop, owner=claim.env()
             )
-            result.log_tail = log_tail(RunLayout(run_dir).log)
-            result.exit_code = launch.exit_code
-            result.run_seconds = launch.seconds
-            result.left_behind, result.ended = launch.left_behind, launch.ended
-            result.left_processes = list(launch.left_processes)
+            _note_launch(result, launch, run_dir)
             try:
                 journal = _read(run_dir)
             except JournalError as exc:

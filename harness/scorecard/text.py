@@ -82,13 +82,15 @@ def check_figure(check: Check) -> str:
     return format_figure(check.figure, check.unit) if check.judged else NOT_JUDGED
 
 
-def describe_check(check: Check) -> str:
-    """One line for a check that did not pass: name, figure against what was expected; a
-    not-judged one starts "not judged:" and says why."""
+def describe_check(check: Check, *, detail: bool = False) -> str:
+    """One line for a check that did not pass, the same in every report: name, figure against
+    what was expected; a not-judged one starts "not judged:" and says why. With ``detail``, a
+    judged one ends with its detail too (``params_finite: 3, expected true: 3 signs ...``)."""
     expected = f", expected {check.expected}" if check.expected else ""
     if not check.judged:
         return f"{NOT_JUDGED}: {check.name}{expected} ({check.detail})"
-    return f"{check.name}: {format_figure(check.figure, check.unit)}{expected}"
+    line = f"{check.name}: {format_figure(check.figure, check.unit)}{expected}"
+    return f"{line}: {check.detail}" if detail else line
 
 
 def clean_text(text: str) -> str:

@@ -19,20 +19,22 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
+import annotated_types
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as seeded
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
+from pydantic.fields import FieldInfo
 
+from faults.bias import Bias
 from faults.bitflip import LAYOUTS
 from faults.plan import FaultPlan
 from faults.registry import kinds as registered_kinds
 from faults.registry import parse_fault
 from faults.spec import FaultSpec
-from faults.tokenizer_stress import STRESS_KINDS
 
 __all__ = ["bit_positions", "drawn_from_seed", "fault_plans", "fault_specs", "ranks", "steps"]
 
@@ -62,13 +64,8 @@ def _check_names(name: str, values: object) -> tuple[str, ...]:
 
 def _check_kinds(kinds: object) -> tuple[str, ...]:
     """Kind names to draw from: by default every registered kind this module can draw."""
-    table, common = registered_kinds(), set(FaultSpec.model_fields)
-    drawable = [
-        name
-        for name, kind in sorted(table.items())
-        if name in DRAWN_KINDS
-        or not any(f.is_required() for n, f in kind.spec.model_fields.items() if n not in common)
-    ]
+    table = registered_kinds()
+    drawable = sorted(DRAWN_KINDS)
     names = tuple(drawable) if kinds is None else _check_names("kinds", kinds)
     for name in names:
         if name not in table:
@@ -123,72 +120,88 @@ def _fields(required: dict[str, SearchStrategy[Any]] | None = None, /, **optiona
     return st.fixed_dictionaries(required or {}, optional=optional)
 
 
-def _param_table(targets: Sequence[str], dtype: str) -> dict[str, Fields]:
-    """Each built-in kind's own fields, biased to the values that hurt most."""
-    aim = {"target": st.sampled_from(targets)}  # always set: the caller's globs
-    share = st.sampled_from([1.0, 1e-9]) | st.floats(0, 1, exclude_min=True)  # all, or one
-    tiny = st.sampled_from([1e-30, 1e-45, 1e-8]) | st.floats(0, 1e-3, exclude_min=True)
-    huge = st.sampled_from([1e5, 7e4, 1e39]) | st.floats(1, 1e40, exclude_min=True)
-    ckpt: dict[str, SearchStrategy[str]] = {"checkpoint": st.sampled_from(["latest", "previous"])}
-    files = ckpt | {"file": st.sampled_from(["data", "*", "manifest.json"])}
-    spike = st.sampled_from([100.0, 1e4]) | st.floats(1, 1e6, exclude_min=True)
-    kept = st.sampled_from([0.0, 0.99]) | st.floats(0, 1, exclude_max=True)
-    pause = st.sampled_from([0.1, 1.0]) | st.floats(0, 60, exclude_min=True)
-    rate = st.sampled_from([0.05, 0.001]) | st.floats(0.001, 0.05)
-    return {
-        "nan_grad": _fields(aim, fraction=share),
-        "inf_grad": _fields(aim, fraction=share),
-        "grad_underflow": _fields(aim, factor=tiny),
-        "grad_spike": _fields(
-            aim, factor=st.sampled_from([10.0, 1e3]) | st.floats(1, 1e6, exclude_min=True)
-        ),
-        "activation_overflow": _fields(aim, factor=huge),
-        "lr_spike": _fields(factor=spike),
-        "bad_batch": _fields(fraction=share, vocab_size=st.sampled_from([1, 2])),
-        "bitflip": _fields(
-            aim,
-            tensor=st.sampled_from(["weights", "gradients", "optimizer_state"]),
-            bit=bit_positions(dtype=dtype),
-            count=st.integers(1, 4),
-            state_key=st.sampled_from(["exp_avg", "exp_avg_sq"]),
-        ),
-        "bitflip_file": _fields(**files, bit=st.integers(0, 7)),
-        "truncate": _fields(**files, keep_fraction=kept),
-        "zero_page": _fields(**files, page_size=st.sampled_from([4096, 512]), offset=st.just(0)),
-        "delete_file": _fields(**files),
-        "delete_manifest": _fields(**ckpt),
-        "swap": _fields(file=files["file"]),
-        "stale_latest": _fields(to=st.sampled_from(["previous", "partial"])),
-        "kill": _fields(),
-        "hang": _fields(resume_after=pause),  # left out: never resumed
-        "preempt": _fields(grace_seconds=st.just(0.0) | pause),
-        "duplicate_contamination": _fields(
-            {"rate": rate},
-            near_fraction=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
-            edits=st.integers(1, 5),
-            pool=st.integers(1, 64),
-        ),
-        "paraphrase_contamination": _fields(
-            {"rate": rate},
-            swap=st.sampled_from([1.0, 0.5]) | st.floats(0, 1, exclude_min=True),
-            reorder=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
-            pool=st.integers(1, 64),
-        ),
-        "tokenizer_stress": _fields(
-            {"rate": st.sampled_from([0.5, 0.001]) | st.floats(0.001, 0.5)},
-            kinds=st.lists(st.sampled_from(STRESS_KINDS), min_size=1, unique=True),
-            words=st.sampled_from([4, 1000]) | st.integers(4, 1000),
-        ),
-        "toxic_contamination": _fields(
-            {"rate": st.sampled_from([0.2, 0.001]) | st.floats(0.001, 0.2)},
-            context=st.sampled_from([0.0, 1.0]) | st.floats(0, 1),
-        ),
-    }
+def _bias(info: FieldInfo) -> Bias | None:
+    """The field's `faults.bias.Bias` mark; None: the field keeps its default."""
+    return next((m for m in info.metadata if isinstance(m, Bias)), None)
 
 
-#: Kinds whose own fields are drawn here: every kind but the node kinds, which act on
-#: Docker containers from outside the trainer (tests/test_fault_kinds.py pins it).
-DRAWN_KINDS = frozenset(_param_table(("*",), "float32"))
+def _choices(annotation: Any) -> tuple[Any, ...] | None:
+    """A ``Literal``'s values; None for any other annotation."""
+    return get_args(annotation) if get_origin(annotation) is Literal else None
+
+
+def _names_a_bit_part(annotation: Any) -> bool:
+    """Whether a field takes a bit by position or by part (``sign``, ``exponent``, ...)."""
+    return any("exponent" in (_choices(arg) or ()) for arg in get_args(annotation))
+
+
+def _range(info: FieldInfo, bias: Bias) -> SearchStrategy[Any]:
+    """The field's valid range, from its own bounds (the top capped at ``bias.upto``)."""
+    low: Any = None
+    high: Any = None
+    open_low = open_high = False
+    for m in info.metadata:
+        if isinstance(m, annotated_types.Ge):
+            low = m.ge
+        elif isinstance(m, annotated_types.Gt):
+            low, open_low = m.gt, True
+        elif isinstance(m, annotated_types.Le):
+            high = m.le
+        elif isinstance(m, annotated_types.Lt):
+            high, open_high = m.lt, True
+    if bias.upto is not None:
+        high, open_high = bias.upto, False
+    if bias.above is not None:
+        low, open_low = bias.above, True
+    if int in (info.annotation, *get_args(info.annotation)):
+        return st.integers(low + open_low, high - open_high)
+    return st.floats(low, high, exclude_min=open_low, exclude_max=open_high)
+
+
+def _field(info: FieldInfo, bias: Bias, dtype: str) -> SearchStrategy[Any]:
+    """One field's strategy: its biased values as often as the rest of what it takes."""
+    if bias.only:
+        return st.sampled_from(bias.values)
+    if _names_a_bit_part(info.annotation):
+        return bit_positions(dtype=dtype)
+    if (choices := _choices(info.annotation)) is not None:
+        return st.sampled_from(choices)
+    if get_origin(info.annotation) is list:
+        (item,) = get_args(info.annotation)
+        return st.lists(st.sampled_from(_choices(item) or ()), min_size=1, unique=True)
+    rest = _range(info, bias)
+    if bias.values:
+        rest = st.sampled_from(bias.values) | rest
+    return st.sampled_from(bias.apart) | rest if bias.apart else rest
+
+
+def _own_fields(spec: type[FaultSpec], targets: Sequence[str], dtype: str) -> Fields:
+    """A kind's own fields, derived from the spec: ``target`` always one of the caller's
+    globs; each field marked with a `Bias` drawn (those the kind requires always, the others
+    sometimes left to their defaults); unmarked fields keep their defaults."""
+    required: dict[str, SearchStrategy[Any]] = {}
+    optional: dict[str, SearchStrategy[Any]] = {}
+    for name, info in spec.model_fields.items():
+        if name in _COMMON:
+            continue
+        if name == "target":
+            required[name] = st.sampled_from(targets)
+        elif (bias := _bias(info)) is not None:
+            (required if info.is_required() else optional)[name] = _field(info, bias, dtype)
+    return _fields(required, **optional)
+
+
+def _drawable(spec: type[FaultSpec]) -> bool:
+    """Whether every field the kind requires is drawn here."""
+    own = {n: f for n, f in spec.model_fields.items() if n not in _COMMON}
+    return all(n == "target" or _bias(f) is not None for n, f in own.items() if f.is_required())
+
+
+_COMMON = frozenset(FaultSpec.model_fields)
+#: Kinds drawn here: every kind whose required fields are all drawn, that is every kind but
+#: the node kinds, which act on Docker containers from outside the trainer
+#: (tests/test_fault_kinds.py pins it).
+DRAWN_KINDS = frozenset(name for name, kind in registered_kinds().items() if _drawable(kind.spec))
 
 
 def _common(max_step: int, world_size: int, checkpoint_every: int | None, timed: bool) -> Fields:
@@ -240,8 +253,9 @@ def _kind_specs(kinds: object, targets: object, dtype: str, *when: Any) -> Specs
     names, globs, timed = _check_kinds(kinds), _check_names("targets", targets), when[-1]
     if not isinstance(timed, bool):
         raise InvalidArgument(f"timed={timed!r}: expected True or False")
-    table, common = _param_table(globs, dtype), _common(*when)
-    return {name: _spec(name, table.get(name, _fields()), common, when[0]) for name in names}
+    table, common = registered_kinds(), _common(*when)
+    own = {name: _own_fields(table[name].spec, globs, dtype) for name in names}
+    return {name: _spec(name, own[name], common, when[0]) for name in names}
 
 
 def fault_specs(

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.records.journal import json_safe
-from harness.scorecard.htmlstyle import CSS
-from harness.scorecard.plots import BASELINE, FAULTED, Plot, render_plot
+from harness.scorecard.render.htmlstyle import CSS
+from harness.scorecard.render.plots import BASELINE, FAULTED, Plot, render_plot
 from harness.sweeps.run_sweep import RunRecord, SweepRun
 from harness.sweeps.stats import ALPHA, CONFIDENCE, Spread
 from harness.sweeps.summary import CellSummary, Comparison, compare, summarize

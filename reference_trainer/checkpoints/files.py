@@ -34,19 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from faults.checkpoint_tree import LATEST as LATEST  # the tree's names, re-exported
+from faults.checkpoint_tree import STATE_FILE as STATE_FILE
+from faults.checkpoint_tree import STEP_NAME as _NAME
+from faults.checkpoint_tree import TMP_NAME as _TMP
+from faults.checkpoint_tree import checkpoint_name as checkpoint_name
 from harness.run_layout import RunLayout
 from reference_trainer.errors import CheckpointError
 
-LATEST = "latest"
-STATE_FILE = "state.pt"
-_NAME = re.compile(r"step-(\d{8})")
-_TMP = re.compile(r"\.step-\d{8}\.tmp")
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
-
-
-def checkpoint_name(step: int) -> str:
-    """Directory name of the checkpoint taken after ``step`` steps."""
-    return f"step-{step:08d}"
 
 
 def rng_file(rank: int) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from faults.checkpoint_tree import DELTA_FILE
 from harness.records.events import CheckpointRejected, CheckpointSaved
 from harness.run_layout import RunLayout
 from reference_trainer.checkpoints import files
@@ -39,7 +40,6 @@ from reference_trainer.checkpoints.storage import save_failed, state_bytes
 from reference_trainer.errors import CheckpointError, ConfigError, SaveError
 from reference_trainer.model_and_data.nested import map_leaves
 
-DELTA_FILE = "delta.bin"
 #: The agent's ``claim(claim, step=None)``.
 Claim = Callable[..., None]
 

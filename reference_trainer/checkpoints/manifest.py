@@ -26,17 +26,17 @@ from typing import Any
 
 import torch
 
+from faults.checkpoint_tree import MANIFEST as MANIFEST  # re-exported
+from faults.checkpoint_tree import STEP_NAME as _STEP_NAME
 from reference_trainer.checkpoints.files import read_plain
 from reference_trainer.errors import CheckpointError
 
-MANIFEST = "manifest.json"
 FORMAT = 2
 KINDS = ("full", "delta")
 MAX_BYTES = 64 << 20
 _CHUNK = 1 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
-_STEP_NAME = re.compile(r"step-(\d{8})")
 _FIELDS = {"format", "run_id", "step", "kind", "parent", "files", "tensors"}
 
 

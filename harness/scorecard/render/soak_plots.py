@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from harness.scorecard.plots import FAULTED, Plot, render_plot
+from harness.scorecard.render.plots import FAULTED, Plot, render_plot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

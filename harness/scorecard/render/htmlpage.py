@@ -6,13 +6,14 @@ from html import escape
 from pathlib import Path
 
 from harness.running.results import SCORECARD_VERSION, ScenarioResult, SuiteResult
-from harness.scorecard.badge import render_badge
-from harness.scorecard.coverage import coverage_html
-from harness.scorecard.htmlstyle import CSS
-from harness.scorecard.microscope_section import microscope_section
-from harness.scorecard.plots import StepSeries, load_series, render_plots
+from harness.scorecard.render.badge import render_badge
+from harness.scorecard.render.coverage_tables import coverage_html
+from harness.scorecard.render.htmlstyle import CSS
+from harness.scorecard.render.microscope_section import microscope_section
+from harness.scorecard.render.plots import render_plots
+from harness.scorecard.render.soak_plots import soak_plots
 from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
-from harness.scorecard.soak_plots import soak_plots
+from harness.scorecard.step_series import StepSeries, load_series
 from harness.scorecard.text import (
     CHECK_MARK,
     check_figure,

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from harness.running.results import ScenarioResult, SuiteResult
-from harness.scorecard.coverage import coverage_markdown
+from harness.scorecard.render.coverage_tables import coverage_markdown
 from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
 from harness.scorecard.text import (
     NOT_JUDGED,

@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.records.microscope_file import WHY_AFTER, WHY_ANOMALY, WHY_BEFORE, RankSeries
 from harness.scorecard.microscope_figures import Grid, Marks
-from harness.scorecard.plots import Plot, inline_svg
+from harness.scorecard.render.plots import Plot, inline_svg
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

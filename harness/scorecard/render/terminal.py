@@ -6,25 +6,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from harness.commands.tables import Cell, Column, print_table
-from harness.oracles.verdict import Check
 from harness.running.results import ScenarioResult, SuiteResult
 from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
+from harness.scorecard.text import describe_check
+from harness.tables import Cell, Column, print_table
 
 _STATUS = {"passed": "[green]PASS[/]", "failed": "[red]FAIL[/]", "error": "[magenta]ERROR[/]"}
 _ERROR_CHARS = 300
-
-
-def describe_check(check: Check) -> str:
-    """``detected: 3 steps (expected <= 1 steps)``: the figure with its unit and the bound;
-    ``mttr: not judged (expected ...)`` for a check there was no evidence for."""
-    if not check.judged:
-        figure = "not judged"
-    elif check.figure is None:
-        figure = "not observed"
-    else:
-        figure = f"{check.figure}" + (f" {check.unit}" if check.unit else "")
-    return f"{check.name}: {figure} (expected {check.expected})"
 
 
 def print_results(result: SuiteResult, console: Console) -> None:
@@ -59,7 +47,7 @@ def print_results(result: SuiteResult, console: Console) -> None:
             cut = error[:_ERROR_CHARS] + (" ..." if len(error) > _ERROR_CHARS else "")
             console.print(f"    error: {escape(cut)}", highlight=False)
         for c in r.failed_checks:
-            console.print(f"    {escape(describe_check(c))}: {escape(c.detail)}", highlight=False)
+            console.print(f"    {escape(describe_check(c, detail=True))}", highlight=False)
     classes = "  ".join(f"{c} {s:.1f}" for c, s in result.class_scores().items())
     counts = result.counts()
     console.print(

@@ -27,8 +27,8 @@ from harness.scorecard.microscope_figures import (
     pick_rank,
     ridge_records,
 )
-from harness.scorecard.microscope_plots import heatmap, latency_map, ridge_panels, ridgelines
-from harness.scorecard.plots import Plot
+from harness.scorecard.render.microscope_plots import heatmap, latency_map, ridge_panels, ridgelines
+from harness.scorecard.render.plots import Plot
 from harness.scorecard.text import clean_text, plural
 
 QUIET = "no microscope records"

@@ -18,18 +18,14 @@ import io
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from harness.errors import JournalError
-from harness.records.journal import Journal, read_journal
+from harness.scorecard.step_series import StepSeries, Value
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-#: A plotted value: None where the journal recorded none (a gap, not a fault).
-Value = float | None
 
 FAULTED = "#1f6fb4"
 BASELINE = "#a0a0a0"
@@ -39,70 +35,12 @@ MAX_POINTS = 1500
 
 
 @dataclass(frozen=True, slots=True)
-class StepSeries:
-    """One rank's `step` events in journal order, with the steps of the marked events."""
-
-    steps: list[int]
-    loss: list[Value]
-    grad_norm: list[Value]
-    loss_scale: list[Value]
-    #: Steps whose optimizer update was skipped (non-finite loss or gradients).
-    skipped: list[int] = field(default_factory=list)
-    faults: list[int] = field(default_factory=list)
-    detections: list[int] = field(default_factory=list)
-    recoveries: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
 class Plot:
     """One rendered plot: a stable id, its title and the inline SVG text."""
 
     id: str
     title: str
     svg: str
-
-
-def _number(value: object) -> Value:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def series_from_journal(journal: Journal) -> StepSeries:
-    """Rank 0's steps (or the lowest rank that journaled steps) and the marked events."""
-    step_ranks = sorted({e.rank for e in journal if e.kind == "step"})
-    rank = 0 if 0 in step_ranks or not step_ranks else step_ranks[0]
-    steps = [e for e in journal if e.kind == "step" and e.rank == rank]
-
-    def marked(*kinds: str) -> list[int]:
-        # Every rank's claims count: a fault is often injected on a rank other than 0.
-        return sorted({e.step for e in journal if e.kind in kinds})
-
-    return StepSeries(
-        steps=[e.step for e in steps],
-        loss=[_number(e.get("loss")) for e in steps],
-        grad_norm=[_number(e.get("grad_norm")) for e in steps],
-        loss_scale=[_number(e.get("loss_scale")) for e in steps],
-        skipped=[e.step for e in steps if e.get("skipped") is True],
-        faults=marked("fault_injected"),
-        detections=marked("detected"),
-        recoveries=marked("recovered", "restart"),
-    )
-
-
-def load_series(run_dir: Path) -> tuple[StepSeries | None, list[str]]:
-    """A run's series and notes for the reader; None when the journal cannot be read."""
-    try:
-        journal = read_journal(run_dir, warn=False)
-    # ValueError and TypeError: a hand-edited line the reader does not expect; the report
-    # notes it and goes on.
-    except (JournalError, OSError, ValueError, TypeError) as exc:
-        return None, [f"journal unreadable: {exc}"]
-    notes = [f"skipped {n} torn line(s)" for n in [len(journal.skipped)] if n]
-    series = series_from_journal(journal)
-    if not series.steps:
-        return None, [*notes, f"the journal in {run_dir} holds no step events"]
-    return series, notes
 
 
 def _segments(steps: list[int], values: list[Value]) -> list[tuple[list[int], list[float]]]:

@@ -5,7 +5,8 @@ harness, outside every node, so losing any node never takes the rendezvous with 
 With ``min_nodes`` below ``nodes`` the job is elastic (``--nnodes MIN:MAX``): after a node
 is lost the others go on without it, and a node that comes back (``rejoin_after``) is
 admitted at the next rendezvous. Faults whose reach is ``node`` (`faults.node`) are
-applied here, from outside the containers, when the run reaches their step (or time):
+applied here, from outside the containers, when a step the run reached fires them
+(`FaultSpec.fires_at`) or their time has come:
 their injector's `on_node` acts through `_Nodes` (a `faults.injector.NodeControl`) and
 its records are journaled as ``fault_injected`` events. Each node's output goes into the
 run's ``trainer.log``.
@@ -56,6 +57,17 @@ class _Pending:
     node: int
     fired_at: float | None = None
     undone: bool = False
+    #: The furthest step already looked at for its trigger.
+    seen: int = 0
+
+    def due(self, step: int, elapsed: float) -> bool:
+        """Whether a step up to ``step`` fires it (the run is followed from its journal, so
+        steps may pass between two looks), or ``elapsed`` seconds reached its time."""
+        spec, seen = self.spec, self.seen
+        self.seen = max(seen, step)
+        if spec.after_seconds is not None:
+            return elapsed >= spec.after_seconds
+        return any(spec.fires_at(s) for s in range(seen + 1, step + 1))
 
 
 @dataclass(slots=True)
@@ -209,11 +221,8 @@ def _drive_faults(
     now = time.monotonic()
     trainer = state.scenario.trainer
     for p in state.pending:
-        spec = p.spec
         if p.fired_at is None:
-            by_time = spec.after_seconds is not None and now - state.started >= spec.after_seconds
-            due = by_time or (spec.at_step is not None and step >= spec.at_step)
-            if not due:
+            if not p.due(step, now - state.started):
                 continue
             records = p.injector.on_node(nodes)
             p.fired_at = now
@@ -222,13 +231,7 @@ def _drive_faults(
             # trainer is in, so it records attempt 0.
             with JournalWriter(state.run_dir, rank, restart=0) as journal:
                 for record in records:
-                    journal.emit(
-                        "fault_injected",
-                        step,
-                        fault=record.fault,
-                        target=record.target,
-                        details=dict(record.details),
-                    )
+                    journal.emit("fault_injected", step, **record.event_fields())
         elif (
             not p.undone
             and (delay := p.injector.restore_after()) is not None
