@@ -34,6 +34,7 @@ from reference_trainer.processes.preemption import Preemption, journal_preemptio
 from reference_trainer.processes.watchdog import Heartbeat
 from reference_trainer.stability.layer_claims import journal_layers, weights_changed
 from reference_trainer.stability.layer_diagnosis import DiagnosisReport
+from reference_trainer.stability.layer_step import LayerChecks
 from reference_trainer.stability.loss_spikes import SpikeMonitor
 from reference_trainer.stability.recovery import Failure, RecoveryPolicy
 from reference_trainer.stability.recovery_run import RecoveryRun
@@ -294,10 +295,11 @@ class Run:
             diverged = self._replicas_diverged(step, last, result.observed.tokens)
             failure = self._failure(step, result.skipped, loss)
             failure = failure or weights_changed(step, result.claims) or diverged
-            if self.trainer.layer_monitor is not None:
+            layers = self.trainer.mechanism("layer_stats")
+            if isinstance(layers, LayerChecks):
                 journal_layers(
                     agent,
-                    self.trainer.layer_monitor,
+                    layers.monitor,
                     self.report,
                     result,
                     also_fired=self.spike_fired,
