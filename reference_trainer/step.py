@@ -34,8 +34,9 @@ from reference_trainer.passes import forward_backward
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
-from reference_trainer.stability.mechanism import Mechanism, StepState
+from reference_trainer.stability.mechanism import Boundary, Mechanism, StepState
 from reference_trainer.stability.precision import Precision
+from reference_trainer.stability.recovery import Failure
 from reference_trainer.stability.registry import mechanism_states
 from reference_trainer.step_claims import data_claims
 
@@ -157,6 +158,13 @@ class Trainer:
         for mechanism in mechanisms:
             mechanism.finish(s)
         return StepResult(observed, s.claims, preempted, s.layers, s.data)
+
+    def between_steps(self, step: int, *, save_due: bool) -> tuple[Failure | None, list[Claim]]:
+        """The mechanisms' checks after step ``step`` (every rank calls this): the first
+        failure they found, and their claims."""
+        boundary = Boundary(step, save_due)
+        failures = [mechanism.between_steps(boundary) for mechanism in self.mechanisms]
+        return next((f for f in failures if f is not None), None), boundary.claims
 
     def _unscaled_norm(self) -> float:
         """Unscale the gradients; their global norm on this rank."""

@@ -38,7 +38,6 @@ from reference_trainer.stability.layer_step import LayerChecks
 from reference_trainer.stability.loss_spikes import SpikeMonitor
 from reference_trainer.stability.recovery import Failure, RecoveryPolicy
 from reference_trainer.stability.recovery_run import RecoveryRun
-from reference_trainer.stability.replicas import compare_replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,8 +290,11 @@ class Run:
                 agent.claim(claim)
             if result.data is not None:
                 agent.observe_data(result.data)
-            # Every rank compares (a collective) before any other failure is looked at.
-            diverged = self._replicas_diverged(step, last, result.observed.tokens)
+            # Every rank checks (a collective) before any other failure is looked at.
+            save_due = self.schedule.due(step, result.observed.tokens) or step == last
+            diverged, found = self.trainer.between_steps(step, save_due=save_due)
+            for claim in found:
+                agent.claim(claim)
             failure = self._failure(step, result.skipped, loss)
             failure = failure or weights_changed(step, result.claims) or diverged
             layers = self.trainer.mechanism("layer_stats")
@@ -356,22 +358,6 @@ class Run:
         if done == cfg.steps:
             return done, loss, "completed", ""
         return done, loss, "stopped", f"stopped after step {done} as asked"
-
-    def _replicas_diverged(self, step: int, last: int, tokens: int) -> Failure | None:
-        """On check steps and before every save: do the ranks hold the same parameters?"""
-        cfg = self.cfg.stability.replica_check
-        due = step % cfg.every == 0 or self.schedule.due(step, tokens) or step == last
-        if not (cfg.enabled and due):
-            return None
-        divergence = compare_replicas(self.trainer.model, self.topo)
-        if divergence is None:
-            return None
-        details = {
-            "differing_ranks": divergence.ranks,
-            "fingerprints": {str(r): fp for r, fp in divergence.fingerprints.items()},
-        }
-        self.agent.claim(Detected(detector="replica_divergence", details=details))
-        return Failure(step, "replicas_diverged", details)
 
     def _beat(self, step: int) -> None:
         if self.heartbeat is not None:

@@ -16,6 +16,8 @@ injectors (`faults/injector.py`). The step calls every mechanism the registry
     end_step(s)                        the update is done: claims of what changed
     finish(s)                          the `step` observation is made: last claims
     precision_changed(name)            the trainer switched precision (level-3 recovery)
+    between_steps(b)       -> failure  the step is journaled: a check of the run's state,
+                                       which may be a failure for the recovery policy
 
 and ``state_dict``/``load_state_dict`` over its keys of the checkpoint's ``trainer`` state.
 A hook reads and writes the step through one `StepState`; claims go to ``s.claims`` in the
@@ -33,6 +35,7 @@ import torch
 from harness.records.events import Claim, DataWeightsObserved
 from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
+from reference_trainer.stability.recovery import Failure
 
 if TYPE_CHECKING:
     from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader
@@ -87,6 +90,18 @@ class StepState:
     #: Per-layer statistics of the step and the corpus's sampling weights, when journaled.
     layers: StepStats | None = None
     data: DataWeightsObserved | None = None
+
+
+@dataclass(slots=True)
+class Boundary:
+    """Between two steps, as a mechanism that checks the run's state sees it."""
+
+    #: The step just done.
+    step: int
+    #: A checkpoint is saved after this step.
+    save_due: bool
+    #: Claims to journal at once, before the loop looks at any other failure.
+    claims: list[Claim] = field(default_factory=list)
 
 
 class Mechanism:
@@ -147,6 +162,11 @@ class Mechanism:
 
     def precision_changed(self, name: str) -> None:
         """The trainer now trains in ``name`` precision."""
+
+    def between_steps(self, b: Boundary) -> Failure | None:
+        """After the step: a failure for the recovery policy, or None. Every rank calls it
+        (it may be a collective)."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Its part of the checkpoint's ``trainer`` state, under `state_keys`."""
