@@ -38,6 +38,7 @@ from reference_trainer.stability.layer_step import LayerChecks
 from reference_trainer.stability.loss_spikes import SpikeMonitor
 from reference_trainer.stability.recovery import Failure, RecoveryPolicy
 from reference_trainer.stability.recovery_run import RecoveryRun
+from reference_trainer.step import StepResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,16 +298,7 @@ class Run:
                 agent.claim(claim)
             failure = self._failure(step, result.skipped, loss)
             failure = failure or weights_changed(step, result.claims) or diverged
-            layers = self.trainer.mechanism("layer_stats")
-            if isinstance(layers, LayerChecks):
-                journal_layers(
-                    agent,
-                    layers.monitor,
-                    self.report,
-                    result,
-                    also_fired=self.spike_fired,
-                    enabled=cfg.stability.layer_stats.enabled,
-                )
+            self._journal_layers(result)
             if failure is not None and cfg.stability.recovery.enabled:
                 resumed = self.recovery.recover_or_give_up(failure)
                 self.skips = 0
@@ -358,6 +350,19 @@ class Run:
         if done == cfg.steps:
             return done, loss, "completed", ""
         return done, loss, "stopped", f"stopped after step {done} as asked"
+
+    def _journal_layers(self, result: StepResult) -> None:
+        """The step's per-layer statistics and diagnosis, when the layer checks are on."""
+        layers = self.trainer.mechanism("layer_stats")
+        if isinstance(layers, LayerChecks):
+            journal_layers(
+                self.agent,
+                layers.monitor,
+                self.report,
+                result,
+                also_fired=self.spike_fired,
+                enabled=self.cfg.stability.layer_stats.enabled,
+            )
 
     def _beat(self, step: int) -> None:
         if self.heartbeat is not None:
