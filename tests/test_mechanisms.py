@@ -13,7 +13,7 @@ from harness.suites.scenario import TrainerSpec
 from reference_trainer.cli import build_parser
 from reference_trainer.config import preset
 from reference_trainer.stability.mechanisms import StabilityConfig
-from reference_trainer.stability.registry import REGISTRY, disable, fragile
+from reference_trainer.stability.registry import REGISTRY, disable, fragile, mechanism_states
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "stability.md"
 
@@ -58,6 +58,14 @@ def test_fragile_switches_off_every_mechanism_but_background_saves() -> None:
         disable(config, name)
         assert repr(config) == before, f"--fragile left {name} on"
     assert config.checkpoints.asynchronous
+
+
+def test_a_checkpoint_keeps_the_same_mechanism_keys_in_the_same_order() -> None:
+    # Checkpoints written before the registry hold these keys in this order; a mechanism
+    # that is off saves {} under its keys, so every checkpoint has them all.
+    keys = ["monitor", "layers", "surgery", "adaptive_warmup", "quality"]
+    assert list(mechanism_states([])) == keys
+    assert all(state == {} for state in mechanism_states([]).values())
 
 
 def test_the_docs_describe_every_mechanism_and_no_other() -> None:
