@@ -43,6 +43,7 @@ from harness.records.journal import read_journal  # noqa: E402
 from reference_trainer.config import TrainConfig, preset  # noqa: E402
 from reference_trainer.stability.loss_spikes import SpikeConfig, build_detectors  # noqa: E402
 from reference_trainer.stability.mechanisms import StabilityConfig  # noqa: E402
+from reference_trainer.stability.registry import disable  # noqa: E402
 from reference_trainer.train import train  # noqa: E402
 
 # Each faulted run carries one fault early and one late: a small one beside a large one,
@@ -105,7 +106,7 @@ def record_one(run: dict[str, Any], steps: int, work: Path) -> dict[int, float]:
     }  # fmt: skip
     cfg = TrainConfig.from_dict(data)
     for name in ("spikes", "recovery", "watchdog"):
-        cfg.stability.disable(name)
+        disable(cfg.stability, name)
     run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
     with contextlib.redirect_stdout(io.StringIO()):
         train(cfg, run_dir, device="cpu", plan=FaultPlan.from_dict({"faults": run["faults"]}))

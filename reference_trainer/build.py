@@ -4,6 +4,7 @@ pipeline, model, optimizer, and each stability mechanism's state."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from reference_trainer.model_and_data.data import (
 from reference_trainer.model_and_data.dedup import DuplicateFilter
 from reference_trainer.model_and_data.embeddings import SentenceEmbedder
 from reference_trainer.model_and_data.keep_whole import keep_whole
-from reference_trainer.model_and_data.model import GPT, Block
+from reference_trainer.model_and_data.model import GPT
 from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
 from reference_trainer.model_and_data.semantic_dedup import SemanticDedupStage
 from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
@@ -43,13 +44,11 @@ from reference_trainer.model_and_data.tokenizer import (
 from reference_trainer.model_and_data.toxicity import ToxicityStage
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
-from reference_trainer.stability.layer_monitor import LayerMonitor
 from reference_trainer.stability.layer_stats import layer_name
 from reference_trainer.stability.loss_scale import DynamicLossScaler
+from reference_trainer.stability.mechanism import BuildContext
 from reference_trainer.stability.precision import Precision
-from reference_trainer.stability.precision_switch import ActivationMonitor
-from reference_trainer.stability.quality_sampling import QualitySampler
-from reference_trainer.stability.surgery import GradientSurgeon
+from reference_trainer.stability.registry import build_mechanisms
 from reference_trainer.step import Trainer
 
 
@@ -102,8 +101,19 @@ def document_stages(
     return stages
 
 
-def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trainer:
-    """Every piece of a fresh run (seeded by ``cfg.seed``), wired to the agent."""
+@dataclass(frozen=True, slots=True)
+class DataPieces:
+    """The data side of a run: documents through their stages, tokens, batches."""
+
+    documents: DocumentPipeline
+    stream: TokenStream | PackedStream
+    loader: ShardedLoader | PackedLoader
+    probe: FallbackProbe | None
+    embedder: SentenceEmbedder
+
+
+def build_data(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> DataPieces:
+    """Corpus, tokenizer, document stages, token stream and this rank's loader."""
     corpus = Corpus(cfg.data.source_weights, cfg.data.seed)
     tokenizer = _tokenizer(cfg, run_dir, corpus, topo)
 
@@ -122,7 +132,6 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         stages=document_stages(cfg, run_dir, is_main=topo.is_main, embedder=embedder),
     )
     layout = TokenLayout.from_config(cfg.data, eot_id=0)
-    quality = cfg.stability.quality_sampling
     stream: TokenStream | PackedStream
     loader: ShardedLoader | PackedLoader
     batching = cfg.data.batching
@@ -147,7 +156,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
             layout,
             window=cfg.model.block_size + 1,
             fallback=fallback,
-            tag_sources=quality.enabled,
+            tag_sources=cfg.stability.quality_sampling.enabled,
         )
         loader = ShardedLoader(
             stream,
@@ -156,6 +165,12 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
             rank=topo.rank,
             world_size=topo.world_size,
         )
+    return DataPieces(documents, stream, loader, probe, embedder)
+
+
+def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trainer:
+    """Every piece of a fresh run (seeded by ``cfg.seed``), wired to the agent."""
+    data = build_data(cfg, run_dir, topo, agent)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = GPT(cfg.model_config()).to(topo.device)
     # Dropout and any other draw differ per rank, as they would on a real cluster.
@@ -165,49 +180,40 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
     if topo.distributed:
         ids = [topo.local_rank] if topo.device.type == "cuda" else None
         wrapped = DDP(model, device_ids=ids)
-    fp16 = cfg.precision == "fp16"
-    switching = cfg.stability.precision_switch
-    monitor = None
-    if fp16 and switching.enabled:
-        blocks = {f"blocks.{i}": b for i, b in enumerate(model.blocks) if isinstance(b, Block)}
-        monitor = ActivationMonitor(switching, blocks)
+    scaler = DynamicLossScaler(cfg.stability.loss_scale, active=cfg.precision == "fp16")
+    context = BuildContext(
+        stability=cfg.stability,
+        precision=cfg.precision,
+        warmup_steps=cfg.optim.warmup_steps,
+        steps=cfg.steps,
+        global_batch=cfg.global_batch(topo.world_size),
+        optimizer=cfg.optim.name,
+        source_weights=cfg.data.source_weights,
+        model=model,
+        topo=topo,
+        scaler=scaler,
+        documents=data.documents,
+        loader=data.loader,
+    )
+    mechanisms = build_mechanisms(context)
     agent.model, agent.optimizer = model, optimizer
     agent.name_layers(layer_name)  # its own diagnosis's names: embedding, blocks.N, ln_f
     if wrapped is not model:
         agent.watch_data_parallel(wrapped)
-    layer_monitor = None
-    if cfg.stability.layer_stats.enabled or cfg.stability.underflow.enabled:
-        layer_monitor = LayerMonitor(
-            cfg.stability.layer_stats,
-            cfg.stability.underflow,
-            model,
-            list(model.blocks),
-            model.ln_f,
-        )
-    surgeon = None
-    if layer_monitor is not None and cfg.stability.surgery.enabled:
-        surgeon = GradientSurgeon(cfg.stability.surgery, layer_monitor.stats.params)
     return Trainer(
         cfg=cfg,
         topo=topo,
-        embedder=embedder,
+        embedder=data.embedder,
         model=model,
         wrapped=wrapped,
         optimizer=optimizer,
         precision=Precision(cfg.precision, topo.device.type),
-        scaler=DynamicLossScaler(cfg.stability.loss_scale, active=fp16),
-        monitor=monitor,
-        documents=documents,
-        stream=stream,
-        loader=loader,
+        scaler=scaler,
+        mechanisms=mechanisms,
+        documents=data.documents,
+        stream=data.stream,
+        loader=data.loader,
         agent=agent,
         max_lr=peak_lr(cfg, topo.world_size),
-        layer_monitor=layer_monitor,
-        surgeon=surgeon,
-        probe=probe,
-        quality=(
-            QualitySampler(quality, cfg.data.source_weights, topo.device, last_step=cfg.steps)
-            if quality.enabled
-            else None
-        ),
+        probe=data.probe,
     )

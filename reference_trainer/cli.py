@@ -39,7 +39,7 @@ from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
 from reference_trainer.errors import ConfigError, TrainingFailed
 from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
-from reference_trainer.stability.mechanisms import StabilityConfig
+from reference_trainer.stability.registry import disable, fragile
 
 if TYPE_CHECKING:
     from reference_trainer.train import RunResult
@@ -184,9 +184,9 @@ def settle_config(args: argparse.Namespace) -> TrainConfig:
     if not args.resume:
         cfg = preset(args.preset or "tiny")
         if args.fragile:
-            cfg.stability = StabilityConfig.fragile()
+            cfg.stability = fragile()
         for name in args.disable:
-            cfg.stability.disable(name)
+            disable(cfg.stability, name)
         for name in args.enable:
             cfg.enable(name)
         if args.data_mix is not None:

@@ -29,7 +29,7 @@ from reference_trainer.model_and_data.batching import IGNORE_INDEX
 from reference_trainer.model_and_data.sophia import SophiaG
 
 if TYPE_CHECKING:
-    from reference_trainer.step import Trainer
+    from reference_trainer.step_parts import StepParts
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ class HessianEstimator:
     guard: bool
 
     @classmethod
-    def of(cls, trainer: Trainer) -> HessianEstimator | None:
+    def of(cls, trainer: StepParts) -> HessianEstimator | None:
         """The estimator for the trainer's optimizer, or None when it takes no Hessian."""
         if not isinstance(trainer.optimizer, SophiaG):
             return None
@@ -71,7 +71,7 @@ class HessianEstimator:
         """Whether the estimate follows the update of 1-based ``step``."""
         return (step - 1) % self.every == 0
 
-    def after_update(self, trainer: Trainer, step: int, batch: HessianBatch) -> list[Claim]:
+    def after_update(self, trainer: StepParts, step: int, batch: HessianBatch) -> list[Claim]:
         """Estimate the Hessian on ``batch`` when due and fold it into the optimizer's
         average; the claims of an estimate dropped as non-finite."""
         if not self.due(step):

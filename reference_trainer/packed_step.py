@@ -23,7 +23,7 @@ from reference_trainer.model_and_data.batching import (
 )
 
 if TYPE_CHECKING:
-    from reference_trainer.step import Trainer
+    from reference_trainer.step_parts import StepParts
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class PackedPasses:
     micro: list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def packed_forward_backward(trainer: Trainer, packed: PackedStep) -> PackedPasses:
+def packed_forward_backward(trainer: StepParts, packed: PackedStep) -> PackedPasses:
     """Forward and backward over this rank's micro-batches (a bad-data fault sees the rows
     first), each weighted by its share of the step's real tokens."""
     device = trainer.topo.device

@@ -1,34 +1,10 @@
-"""The claims a step's mechanisms give rise to, from what each of them reports: a loss-scale
-change, blocks switched between precisions, documents the data stages dropped."""
+"""The claims of a step's data path: documents the data stages dropped (the stability
+mechanisms' own claims come from their hooks, `reference_trainer.stability.mechanism`)."""
 
 from __future__ import annotations
 
-from harness.records.events import Claim, Detected, Recovered
+from harness.records.events import Claim, Detected
 from reference_trainer.model_and_data.data import DataCounters
-from reference_trainer.stability.loss_scale import ScaleChange
-from reference_trainer.stability.precision_switch import Switch
-
-
-def scale_claims(change: ScaleChange | None) -> list[Claim]:
-    """A growth or a raise is a recovery; a backoff or a hysteresis tick, a detection."""
-    if change is None:
-        return []
-    name = "loss_scale_" + change.action
-    details = {"old": change.old, "new": change.new, "hysteresis_left": change.hysteresis_left}
-    if change.action in ("growth", "raised"):
-        return [Recovered(action=name, details=details)]
-    return [Detected(detector=name, details=details)]
-
-
-def switch_claims(switches: list[Switch]) -> list[Claim]:
-    """A block moved to fp32 was detected near the fp16 limit; every move is a recovery."""
-    claims: list[Claim] = []
-    for switch in switches:
-        details = {"layer": switch.layer, "max_abs": switch.max_abs}
-        if switch.to == "fp32":
-            claims.append(Detected(detector="activation_range", details=dict(details)))
-        claims.append(Recovered(action=f"precision_{switch.to}", details=details))
-    return claims
 
 
 def data_claims(counters: DataCounters) -> list[Claim]:

@@ -34,10 +34,11 @@ from reference_trainer.processes.preemption import Preemption, journal_preemptio
 from reference_trainer.processes.watchdog import Heartbeat
 from reference_trainer.stability.layer_claims import journal_layers, weights_changed
 from reference_trainer.stability.layer_diagnosis import DiagnosisReport
+from reference_trainer.stability.layer_step import LayerChecks
 from reference_trainer.stability.loss_spikes import SpikeMonitor
 from reference_trainer.stability.recovery import Failure, RecoveryPolicy
 from reference_trainer.stability.recovery_run import RecoveryRun
-from reference_trainer.stability.replicas import compare_replicas
+from reference_trainer.step import StepResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,19 +291,14 @@ class Run:
                 agent.claim(claim)
             if result.data is not None:
                 agent.observe_data(result.data)
-            # Every rank compares (a collective) before any other failure is looked at.
-            diverged = self._replicas_diverged(step, last, result.observed.tokens)
+            # Every rank checks (a collective) before any other failure is looked at.
+            save_due = self.schedule.due(step, result.observed.tokens) or step == last
+            diverged, found = self.trainer.between_steps(step, save_due=save_due)
+            for claim in found:
+                agent.claim(claim)
             failure = self._failure(step, result.skipped, loss)
             failure = failure or weights_changed(step, result.claims) or diverged
-            if self.trainer.layer_monitor is not None:
-                journal_layers(
-                    agent,
-                    self.trainer.layer_monitor,
-                    self.report,
-                    result,
-                    also_fired=self.spike_fired,
-                    enabled=cfg.stability.layer_stats.enabled,
-                )
+            self._journal_layers(result)
             if failure is not None and cfg.stability.recovery.enabled:
                 resumed = self.recovery.recover_or_give_up(failure)
                 self.skips = 0
@@ -355,21 +351,18 @@ class Run:
             return done, loss, "completed", ""
         return done, loss, "stopped", f"stopped after step {done} as asked"
 
-    def _replicas_diverged(self, step: int, last: int, tokens: int) -> Failure | None:
-        """On check steps and before every save: do the ranks hold the same parameters?"""
-        cfg = self.cfg.stability.replica_check
-        due = step % cfg.every == 0 or self.schedule.due(step, tokens) or step == last
-        if not (cfg.enabled and due):
-            return None
-        divergence = compare_replicas(self.trainer.model, self.topo)
-        if divergence is None:
-            return None
-        details = {
-            "differing_ranks": divergence.ranks,
-            "fingerprints": {str(r): fp for r, fp in divergence.fingerprints.items()},
-        }
-        self.agent.claim(Detected(detector="replica_divergence", details=details))
-        return Failure(step, "replicas_diverged", details)
+    def _journal_layers(self, result: StepResult) -> None:
+        """The step's per-layer statistics and diagnosis, when the layer checks are on."""
+        layers = self.trainer.mechanism("layer_stats")
+        if isinstance(layers, LayerChecks):
+            journal_layers(
+                self.agent,
+                layers.monitor,
+                self.report,
+                result,
+                also_fired=self.spike_fired,
+                enabled=self.cfg.stability.layer_stats.enabled,
+            )
 
     def _beat(self, step: int) -> None:
         if self.heartbeat is not None:

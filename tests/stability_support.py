@@ -11,7 +11,8 @@ from typing import Any
 from faults import FaultPlan
 from harness.records.journal import Journal, read_journal
 from reference_trainer.config import TrainConfig, preset
-from reference_trainer.stability.mechanisms import StabilityConfig
+from reference_trainer.stability.registry import disable as switch_off
+from reference_trainer.stability.registry import fragile as all_off
 from reference_trainer.train import RunResult, train
 
 
@@ -22,9 +23,9 @@ def config(
     data = preset("tiny").to_dict() | {"steps": steps, "checkpoint_every": 10} | fields
     cfg = TrainConfig.from_dict(data)
     if fragile:
-        cfg.stability = StabilityConfig.fragile()
+        cfg.stability = all_off()
     for name in disable:
-        cfg.stability.disable(name)
+        switch_off(cfg.stability, name)
     return cfg
 
 

@@ -20,6 +20,7 @@ from reference_trainer.stability.adaptive_warmup import (
     warmup_factor,
 )
 from reference_trainer.stability.mechanisms import StabilityConfig
+from reference_trainer.stability.registry import disable, fragile
 
 from .stability_support import claims, config, final_loss, run
 
@@ -92,12 +93,12 @@ def test_skipped_and_non_finite_norms_are_left_out() -> None:
 
 def test_off_it_measures_nothing() -> None:
     config = StabilityConfig()
-    config.disable("adaptive_warmup")
+    disable(config, "adaptive_warmup")
     warmup = AdaptiveWarmup(config.adaptive_warmup, 10)
     for norm in (1.0, 3.0, 0.3, 3.0, 0.3):
         warmup.observe(norm)
     assert warmup.grad_variance() is None and warmup.factor(5) == 1.0
-    assert not StabilityConfig.fragile().adaptive_warmup.enabled
+    assert not fragile().adaptive_warmup.enabled
 
 
 def test_a_fall_is_claimed_once_until_the_factor_recovers() -> None:

@@ -16,9 +16,9 @@ from torch import nn
 from faults import FaultPlan
 from harness.inside.step_evidence import params_fingerprint
 from harness.oracles import ReplicasConsistentOracle
-from harness.oracles.replicas import odd_ranks
 from harness.oracles.verdict import Check, Evidence
 from harness.records.journal import read_journal
+from harness.replica_prints import odd_ranks
 
 from .conftest import torchrun
 from .oracle_runs import Run

@@ -32,6 +32,7 @@ from reference_trainer.model_and_data.token_fallback import (
     repair,
 )
 from reference_trainer.model_and_data.tokenizer import train_tokenizer
+from reference_trainer.stability.registry import disable
 
 PLAIN = "the model reads the data stream and writes a short report about it"
 
@@ -179,7 +180,7 @@ def test_bad_settings_are_refused_naming_the_field(fields: dict[str, object], ma
 def test_the_mechanism_switches_off_by_name() -> None:
     cfg = preset("tiny")
     assert cfg.stability.tokenizer_fallback.enabled
-    cfg.stability.disable("tokenizer_fallback")
+    disable(cfg.stability, "tokenizer_fallback")
     assert not cfg.stability.tokenizer_fallback.enabled
 
 

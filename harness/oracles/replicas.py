@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.verdict import Check, Evidence
+from harness.replica_prints import odd_ranks
 
 FIELD = "params_fingerprint"
-
-
-def odd_ranks(fingerprints: dict[int, str]) -> list[int]:
-    """The ranks that differ from the others: those not holding the most common fingerprint,
-    or every rank when two fingerprints are equally common (two ranks that disagree)."""
-    counts = Counter(fingerprints.values()).most_common()
-    if len(counts) == 1:
-        return []
-    (top, held), (_, second) = counts[0], counts[1]
-    if held == second:
-        return sorted(fingerprints)
-    return sorted(rank for rank, fp in fingerprints.items() if fp != top)
 
 
 @dataclass(frozen=True)

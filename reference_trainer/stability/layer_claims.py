@@ -4,12 +4,34 @@ a layer whose weights changed outside the optimizer as a failure to roll back fr
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from harness.inside.agent import Agent
 from harness.records.events import Claim, Detected, Diagnosed, LayerStatsObserved
 from reference_trainer.stability.layer_diagnosis import Diagnosis, DiagnosisReport
 from reference_trainer.stability.layer_monitor import LayerMonitor
+from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.recovery import Failure
-from reference_trainer.step import StepResult
+
+
+class StepOutcome(Protocol):
+    """What a step did, as far as the layers' journal needs it (`step.StepResult`)."""
+
+    @property
+    def layers(self) -> StepStats | None:
+        """The step's per-layer statistics (None when nothing measured them)."""
+        ...
+
+    @property
+    def claims(self) -> list[Claim]:
+        """What the step's mechanisms claimed."""
+        ...
+
+    @property
+    def skipped(self) -> bool:
+        """The update was skipped."""
+        ...
+
 
 #: Detectors whose firing is not about the numbers of a step: no layer to diagnose.
 NOT_DIAGNOSED = frozenset({"dedup", "loss_scale_hysteresis", "loss_scale_backoff"})
@@ -32,7 +54,7 @@ def journal_layers(
     agent: Agent,
     monitor: LayerMonitor,
     report: DiagnosisReport | None,
-    result: StepResult,
+    result: StepOutcome,
     *,
     also_fired: list[str],
     enabled: bool,

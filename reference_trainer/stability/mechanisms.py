@@ -1,14 +1,13 @@
-"""Every stability mechanism of the reference trainer, each switchable on its own.
-
-`StabilityConfig.fragile()` switches them all off: the negative control that shows
-what each one is for.
+"""The configuration of every stability mechanism of the reference trainer, each
+switchable on its own: `reference_trainer.stability.registry` switches them off by name
+(``disable``), and its ``fragile()`` switches them all off, the negative control that shows
+what each one is for; `StabilityConfig.enable` switches an opt-in on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.mechanisms import TRAINER_MECHANISMS
 from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
 from reference_trainer.model_and_data.dedup import DedupConfig
@@ -81,45 +80,6 @@ class StabilityConfig:
         if not 0 <= self.lr_floor < 1:
             raise ConfigError(f"stability.lr_floor must be in [0, 1), got {self.lr_floor}")
 
-    def disable(self, name: str) -> None:
-        """Switch off one mechanism by its name (`harness.mechanisms.TRAINER_MECHANISMS`)."""
-        if name == "nonfinite_guard":
-            self.nonfinite_guard = False
-        elif name in (
-            "loss_scale",
-            "precision_switch",
-            "clipping",
-            "recovery",
-            "dedup",
-            "semantic_dedup",
-            "layer_stats",
-            "underflow",
-            "surgery",
-            "adaptive_warmup",
-            "tokenizer_fallback",
-            "replica_check",
-        ):
-            getattr(self, name).enabled = False
-        elif name == "spikes":
-            self.spikes.enabled = ()
-            self.spikes.acting = ()
-        elif name == "integrity":
-            self.checkpoints.integrity = False
-        elif name == "delta":
-            self.checkpoints.delta = False
-        elif name == "async":
-            self.checkpoints.asynchronous = False
-        elif name == "watchdog":
-            self.watchdog.enabled = False
-        elif name == "preemption":
-            self.preemption = False
-        elif name == "lr_floor":
-            self.lr_floor = 0.0
-        elif name == "toxicity_filter":
-            self.toxicity.enabled = False
-        else:
-            raise KeyError(name)
-
     def enable(self, name: str) -> None:
         """Switch on one opt-in mechanism by its name (`harness.mechanisms.OPT_IN`); one
         whose detector is off (under ``--fragile``) stays off."""
@@ -130,12 +90,3 @@ class StabilityConfig:
             self.quality_sampling.enabled = True
         else:
             raise KeyError(name)
-
-    @classmethod
-    def fragile(cls) -> StabilityConfig:
-        """Every stability mechanism off (checkpoints stay full, written in the background)."""
-        config = cls()
-        for name in TRAINER_MECHANISMS:
-            if name != "async":
-                config.disable(name)
-        return config

@@ -8,18 +8,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from harness.inside.agent import Agent
 from harness.records.events import Detected, Recovered
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
 from reference_trainer.errors import CheckpointError
+from reference_trainer.model_and_data.batching import PackedStream
+from reference_trainer.model_and_data.data import TokenStream
 from reference_trainer.stability.layer_diagnosis import DiagnosisReport
 from reference_trainer.stability.recovery import Decision, Failure, RecoveryPolicy
-from reference_trainer.step import Trainer
 
 State = dict[str, Any]
+
+
+class Rewindable(Protocol):
+    """What recovery changes of the trainer besides its state: the learning rate's scale,
+    the data position, the precision."""
+
+    lr_scale: float
+
+    @property
+    def stream(self) -> TokenStream | PackedStream:
+        """The token stream the loader draws from."""
+        ...
+
+    def force_fp32(self, until: int) -> None:
+        """Train in fp32 up to step ``until``."""
+        ...
 
 
 class RecoveryRun:
@@ -29,7 +46,7 @@ class RecoveryRun:
         self,
         policy: RecoveryPolicy,
         checkpoints: CheckpointManager,
-        trainer: Trainer,
+        trainer: Rewindable,
         *,
         restore: Callable[[Path, State], int],
         agent: Agent,

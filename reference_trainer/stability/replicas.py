@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.inside.step_evidence import params_fingerprint
-from harness.oracles.replicas import odd_ranks
+from harness.replica_prints import odd_ranks
 from reference_trainer.processes.distributed import Topology
 
 

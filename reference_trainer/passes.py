@@ -1,0 +1,77 @@
+"""The forward and backward passes of one step, over fixed windows or (dynamic batching)
+packed whole documents: the batch (a bad-data fault sees it first), the forward under
+autocast, the scaled backward, and what the rest of the step needs of them."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from harness.records.events import OMIT
+from reference_trainer.hessian_step import HessianBatch
+from reference_trainer.model_and_data.batching import PackedLoader
+from reference_trainer.model_and_data.model import next_token_loss
+from reference_trainer.packed_step import packed_forward_backward
+from reference_trainer.step_parts import BatchParts
+
+
+@dataclass(frozen=True, slots=True)
+class Passes:
+    """What the passes left for the rest of the step."""
+
+    #: This rank's loss, as the ranks' agreement sums it.
+    local: torch.Tensor
+    #: The `step` event's ``local_loss``, ``pad_tokens``, ``fallback_tokens`` and
+    #: ``batch_tokens`` fields (OMIT where they do not apply).
+    observed: dict[str, Any]
+    #: The batch, for a Hessian estimate on it.
+    sample: HessianBatch
+
+
+def forward_backward(parts: BatchParts) -> Passes:
+    """The step's passes over the loader's next batch."""
+    if isinstance(parts.loader, PackedLoader):  # dynamic batching: docs/data.md
+        step_batch = parts.loader.next_step()
+        # Counted on the ids of the step's rows, before any bad-data fault.
+        fallback = OMIT if parts.probe is None else parts.probe.count(step_batch.tokens.numpy())
+        tokens = int(step_batch.lengths.sum())  # real tokens, not padding
+        packed = packed_forward_backward(parts, step_batch)
+        fields = {"local_loss": packed.local_loss, "pad_tokens": packed.pad_tokens}
+        sample = HessianBatch(packed.micro, step_batch.targets)
+        local = packed.local
+    else:
+        batch = parts.agent.batch(parts.loader.next_step())
+        # Counted on the ids that reach the model, after any bad-data fault.
+        fallback = OMIT if parts.probe is None else parts.probe.count(batch.numpy())
+        tokens = int(batch.numel())
+        batch = batch.to(parts.topo.device)
+        sample = HessianBatch.windows(batch, parts.topo.world_size)
+        local = _window_passes(parts, batch)
+        fields = {"local_loss": float(local), "pad_tokens": OMIT}
+    fields["fallback_tokens"] = fallback
+    fields["batch_tokens"] = tokens if parts.probe is not None else OMIT
+    return Passes(local, fields, sample)
+
+
+def _window_passes(parts: BatchParts, batch: torch.Tensor) -> torch.Tensor:
+    """Forward and backward over each micro-batch of a (micro-steps, B, T + 1) batch; the
+    mean loss over them."""
+    accum = parts.cfg.grad_accum
+    local = torch.zeros((), device=parts.topo.device)
+    for micro in range(accum):
+        x, y = batch[micro, :, :-1], batch[micro, :, 1:]
+        sync = micro == accum - 1 or not isinstance(parts.wrapped, DDP)
+        with contextlib.nullcontext() if sync else parts.wrapped.no_sync():  # type: ignore[operator]
+            with parts.precision.autocast():
+                logits = parts.wrapped(x)
+                loss = next_token_loss(logits, y)
+            for mechanism in parts.mechanisms:
+                mechanism.on_micro_batch(micro, logits, y)
+            del logits  # backward does not need them: free the (B, T, V) tensor now
+            parts.scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
+        local += loss.detach() / accum
+    return local

@@ -1,0 +1,45 @@
+"""The pieces of the trainer that the passes of a step work with, as a protocol: the passes
+(`passes`, `packed_step`, `hessian_step`) take any object that has them, and know nothing
+of the `Trainer` that holds them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from harness.inside.agent import Agent
+    from reference_trainer.config import TrainConfig
+    from reference_trainer.model_and_data.batching import PackedLoader
+    from reference_trainer.model_and_data.data import ShardedLoader
+    from reference_trainer.model_and_data.model import GPT
+    from reference_trainer.model_and_data.token_fallback import FallbackProbe
+    from reference_trainer.processes.distributed import Topology
+    from reference_trainer.stability.loss_scale import DynamicLossScaler
+    from reference_trainer.stability.mechanism import Mechanism
+    from reference_trainer.stability.precision import Precision
+
+
+class StepParts(Protocol):
+    """What a step's passes need: the model (bare and wrapped), its optimizer, precision
+    and loss scale, the ranks, and the agent that sees the batch."""
+
+    cfg: TrainConfig
+    topo: Topology
+    model: GPT
+    wrapped: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    scaler: DynamicLossScaler
+    agent: Agent
+
+
+class BatchParts(StepParts, Protocol):
+    """The same, with where the batches come from and what watches them."""
+
+    loader: ShardedLoader | PackedLoader
+    #: Counts the byte-fallback tokens of each batch (None: not counted).
+    probe: FallbackProbe | None
+    #: The stability mechanisms on in this run, in the registry's order.
+    mechanisms: list[Mechanism]
