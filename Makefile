@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tightrope-installed
 # One thread per rank: two ranks share this machine's cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint browser bench fuzz clean install
+.PHONY: demo test check lint browser bench fuzz clean install
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ browser:
 ## (tests/lanes.py); the 25 slowest are listed at the end, to show where the time goes
 test: lint browser
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
+
+## check: the edit loop: lint, then the tests outside the slow, distributed and docker
+## tiers (the few timed ones among them take seconds), in the two workers of make test
+check: lint
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder \
+		-m "not slow and not distributed and not docker"
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
 ## mechanism overhead, loss-spike detector precision, duplicate filter speed and F1,

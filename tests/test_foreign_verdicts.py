@@ -102,22 +102,41 @@ TABLE: dict[str, dict[str, tuple[str, object]]] = {
 }
 
 
+#: The scenarios of trainers that run as one process; the others start two ranks under
+#: torchrun, one at a time in the serial lane of tests/lanes.py.
+ONE_PROCESS = {s.name for s in load_suite(SUITE).scenarios if s.trainer.world_size == 1}
+
+
+def test_the_table_holds_every_scenario_of_the_suite() -> None:
+    assert {s.name for s in load_suite(SUITE).scenarios} == TABLE.keys()
+    assert ONE_PROCESS and ONE_PROCESS < TABLE.keys()
+
+
+def run_part(out_dir: Path, names: set[str]) -> SuiteResult:
+    """The suite's scenarios ``names``, run into ``out_dir``."""
+    options = RunOptions(out_dir=out_dir / "out", cache_dir=out_dir / "cache", cores=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)  # the suite names its trainers relative to the repository
+        return run_suite(load_suite(SUITE), options, select=sorted(names), progress=False)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> SuiteResult:
+    return run_part(tmp_path_factory.mktemp("foreign"), ONE_PROCESS)
+
+
 @pytest.fixture(scope="module")
 def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("foreign")
 
 
 @pytest.fixture(scope="module")
-def verdicts(out_dir: Path) -> SuiteResult:
-    options = RunOptions(out_dir=out_dir / "out", cache_dir=out_dir / "cache", cores=2)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(ROOT)  # the suite names its trainers relative to the repository
-        return run_suite(load_suite(SUITE), options, progress=False)
+def two_ranks(out_dir: Path) -> SuiteResult:
+    return run_part(out_dir, TABLE.keys() - ONE_PROCESS)
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_every_verdict_on_foreign_trainers_follows_what_they_did(verdicts: SuiteResult) -> None:
+def check_verdicts(verdicts: SuiteResult, names: set[str]) -> None:
+    """Every verdict of the scenarios ``names`` is the table's."""
     measured = {
         r.name: {c.name: (c.status, c.figure) for c in r.checks} for r in verdicts.scenarios
     }
@@ -126,26 +145,51 @@ def test_every_verdict_on_foreign_trainers_follows_what_they_did(verdicts: Suite
     expected = {
         name: {check: (status, measured.get(name, {}).get(check, (None, None))[1])
                if figure is None else (status, figure)
-               for check, (status, figure) in checks.items()}
-        for name, checks in TABLE.items()
+               for check, (status, figure) in TABLE[name].items()}
+        for name in names
     }  # fmt: skip
     assert measured == expected
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_detection_names_what_the_trainer_did(verdicts: SuiteResult) -> None:
-    detectors = {
+def detectors(verdicts: SuiteResult) -> dict[str, object]:
+    """The detector each passed detection names, by scenario."""
+    return {
         r.name: c.figures.get("detector")
         for r in verdicts.scenarios
         for c in r.checks
         if c.name == "detected" and c.passed
     }
-    assert detectors == {
+
+
+@pytest.mark.slow
+def test_every_verdict_on_one_process_foreign_trainers_follows_what_they_did(
+    one_process: SuiteResult,
+) -> None:
+    check_verdicts(one_process, ONE_PROCESS)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_every_verdict_on_foreign_torchrun_jobs_follows_what_they_did(
+    two_ranks: SuiteResult,
+) -> None:
+    check_verdicts(two_ranks, TABLE.keys() - ONE_PROCESS)
+
+
+@pytest.mark.slow
+def test_detection_names_what_the_one_process_trainer_did(one_process: SuiteResult) -> None:
+    assert detectors(one_process) == {
         "tutorial-guard-nan": "skipped_step",
         "tutorial-clip-strict-nan": "skipped_step",
         "amp-inf": "skipped_step",
         "manual-guard-nan": "skipped_step",
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_detection_names_what_the_torchrun_job_did(two_ranks: SuiteResult) -> None:
+    assert detectors(two_ranks) == {
         "snapshot-kill": "restart",
         "snapshot-verify-bitflip": "checkpoint_integrity",
     }
@@ -153,8 +197,8 @@ def test_detection_names_what_the_trainer_did(verdicts: SuiteResult) -> None:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_restarted_job_counts_on_from_its_snapshot(verdicts: SuiteResult, out_dir: Path) -> None:
-    result = next(r for r in verdicts.scenarios if r.name == "snapshot-verify-bitflip")
+def test_a_restarted_job_counts_on_from_its_snapshot(two_ranks: SuiteResult, out_dir: Path) -> None:
+    result = next(r for r in two_ranks.scenarios if r.name == "snapshot-verify-bitflip")
     journal = read_journal(out_dir / "out" / result.run_dir)
     restarted = [e for e in journal if e.kind == "step" and e.rank == 0 and e.restart == 1]
     assert restarted and restarted[0].step == 9  # the fallback snapshot was saved at step 8

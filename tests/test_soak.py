@@ -76,9 +76,11 @@ def test_a_one_minute_soak_holds_every_invariant_and_measures_what_faults_cost(
 def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replays(
     tmp_path: Path,
 ) -> None:
-    # A quarter of a minute: the calibration run sets the length (a few hundred steps).
+    # A second of soak: less than any calibrated length, so the soak trains its shortest,
+    # two checkpoints (100 steps, whatever the machine's speed; seed 5 draws NaN gradients
+    # at steps 38 and 41); the calibration run still measures the step rate.
     code, output, card = _soak(
-        tmp_path, "--minutes", "0.25", "--rate", "0.02", "--seed", "5", "--kinds", "nan_grad",
+        tmp_path, "--minutes", "0.02", "--rate", "0.02", "--seed", "5", "--kinds", "nan_grad",
         "--preset", "fragile",
     )  # fmt: skip
     assert code == 1, output[-4000:]
@@ -92,6 +94,7 @@ def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replay
     assert [f.kind for f in scenario.faults] == ["nan_grad"]
     assert scenario.expect.checks() == ["kept_params_finite"]
     assert minimal["status"] == "failed" and len(soak["spec"]["faults"]) > 1
+    assert soak["metrics"]["steps"] == 100
     assert soak["metrics"]["calibrated_seconds_per_step"] > 0
     # Replayed by the suite runner: it breaks again.
     os.environ["TIGHTROPE_CACHE"] = str(tmp_path / "cache")

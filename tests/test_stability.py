@@ -162,9 +162,23 @@ def test_level_two_skips_the_failing_data_only_when_asked(tmp_path: Path) -> Non
     assert lowered["skipped_windows"] > 0
 
 
-def test_the_last_fifth_trains_at_the_floor_and_without_it_trains_nothing(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def clean_60_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The journal of a fault-free 60-step run (the floor's run, the forecaster's baseline)."""
+    return run(tmp_path_factory.mktemp("clean60") / "run", config(steps=60))[1]
+
+
+@pytest.fixture(scope="module")
+def clean_60(clean_60_run: Any) -> float:
+    """Final loss of a fault-free 60-step run."""
+    return final_loss(clean_60_run)
+
+
+def test_the_last_fifth_trains_at_the_floor_and_without_it_trains_nothing(
+    tmp_path: Path, clean_60_run: Any
+) -> None:
     cfg = config(steps=60)
-    with_floor = run(tmp_path / "floor", cfg)[1]
+    with_floor = clean_60_run
     without = run(tmp_path / "zero", config(steps=60, disable=("lr_floor",)))[1]
     tail = range(49, 61)  # steps 49..60: the last 20%
     # The configured peak, not the run's highest lr: adaptive warmup may lower the last
@@ -181,13 +195,6 @@ def test_the_last_fifth_trains_at_the_floor_and_without_it_trains_nothing(tmp_pa
 # a few percent for several steps, each step's change within the batch noise.
 LR_X70_AT_35 = [{"kind": "lr_spike", "at_step": 35, "factor": 70.0}]
 WITH_FORECAST = ("robust_zscore", "early_max", "forecast")
-
-
-@pytest.fixture(scope="module")
-def clean_60(tmp_path_factory: pytest.TempPathFactory) -> float:
-    """Final loss of a fault-free 60-step run."""
-    _, journal = run(tmp_path_factory.mktemp("clean60") / "run", config(steps=60))
-    return final_loss(journal)
 
 
 def test_a_forecast_claim_above_its_band_rolls_back(tmp_path: Path, clean_60: float) -> None:
