@@ -10,7 +10,8 @@ import pytest
 
 from harness.oracles import ORACLES
 from harness.oracles.base import ExpectOracle, registered
-from harness.oracles.expectation import Expectation, checks_table
+from harness.oracles.checks_doc import PAGE, checks_table, main, table_span
+from harness.oracles.expectation import Expectation
 from harness.oracles.verdict import Check, Evidence
 from harness.suites.scenario import Expect
 from harness.suites.suite_loader import ScenarioError, parse_suite
@@ -19,11 +20,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_docs_table_of_checks_is_made_from_the_oracles() -> None:
-    doc = (ROOT / "docs" / "scenarios.md").read_text()
-    head = "| check | passes when | figure |\n"
-    written = doc[doc.index(head) : doc.index("\n\n", doc.index(head)) + 1]
-    made = checks_table({name: oracle.expectation for name, oracle in ORACLES.items()})
-    assert written == made, f"docs/scenarios.md's table of checks should read:\n{made}"
+    page = (ROOT / PAGE).read_text()
+    start, end = table_span(page)
+    assert page[start:end] == checks_table(), (
+        "docs/scenarios.md's table of checks is not the oracles' (python -m "
+        "harness.oracles.checks_doc rewrites it)"
+    )
+
+
+def test_the_table_is_rewritten_in_place(tmp_path: Path) -> None:
+    page = tmp_path / PAGE
+    page.parent.mkdir()
+    page.write_text(
+        "# Scenarios\n\n| check | passes when | figure |\n|---|---|---|\n| old |\n\nAfter.\n"
+    )
+    assert main(tmp_path) == 0
+    text = page.read_text()
+    assert text == f"# Scenarios\n\n{checks_table()}\nAfter.\n"
+    assert "| `mttr: {max_steps, max_seconds}` |" in text
 
 
 def test_expect_has_one_field_per_declared_check_in_their_order() -> None:

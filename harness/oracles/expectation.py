@@ -1,15 +1,15 @@
 """What a check takes under ``expect:``: the value's type and limits, and its line in the docs.
 
 Each oracle declares one `Expectation` beside its name; the scenario model's ``expect``
-(`harness.suites.scenario.Expect`) and the checks table of `docs/scenarios.md` are both
-made from these declarations, so a check is written down once.
+(`harness.suites.scenario.Expect`) and the checks table of `docs/scenarios.md`
+(`harness.oracles.checks_doc`) are both made from these declarations, so a check is
+written down once.
 """
 
 from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -82,12 +82,3 @@ class Expectation:
 
 def _is_model(kind: Any) -> bool:
     return isinstance(kind, type) and issubclass(kind, BaseModel)
-
-
-def checks_table(expectations: Mapping[str, Expectation]) -> str:
-    """The checks table of `docs/scenarios.md`, one row per check in its order."""
-    rows = ["| check | passes when | figure |", "|---|---|---|"]
-    rows += [
-        f"| {e.written(name)} | {e.passes_when} | {e.figure} |" for name, e in expectations.items()
-    ]
-    return "\n".join(rows) + "\n"
