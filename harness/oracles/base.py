@@ -33,7 +33,8 @@ def rounded(value: Figure) -> Figure:
 
 
 class ExpectOracle(ABC):
-    """Base of the oracles: built from the value of its key under ``expect:``."""
+    """Base of the oracles: built from the value of its key under ``expect:``. A subclass
+    with a ``name`` of its own is a check, registered by being declared (`registered`)."""
 
     #: The check's name, the same as its key under ``expect:`` in a scenario.
     name: ClassVar[str]
