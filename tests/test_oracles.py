@@ -19,10 +19,11 @@ from harness.oracles import (
     judge,
 )
 from harness.oracles.base import rounded
+from harness.oracles.detection import DetectedExpect
 from harness.oracles.timeline import corroborated, faults
 from harness.oracles.verdict import Evidence
 from harness.records.journal import Journal
-from harness.suites.scenario import DetectedExpect, Expect
+from harness.suites.scenario import Expect
 
 from .oracle_runs import TARGET, Run, clean_run, nan_grad_run
 

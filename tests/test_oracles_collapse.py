@@ -11,10 +11,15 @@ import pytest
 from pydantic import ValidationError
 
 from harness.oracles import build_oracles
-from harness.oracles.collapse import PhraseCollapseOracle, contains, planted_phrase
+from harness.oracles.collapse import (
+    PhraseCollapseExpect,
+    PhraseCollapseOracle,
+    contains,
+    planted_phrase,
+)
 from harness.oracles.verdict import Evidence
 from harness.run_layout import RunLayout
-from harness.suites.scenario import Expect, PhraseCollapseExpect
+from harness.suites.scenario import Expect
 
 from .oracle_runs import TARGET, Run
 

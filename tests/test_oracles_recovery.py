@@ -12,7 +12,8 @@ from harness.oracles import (
     LostStepsOracle,
     MttrOracle,
 )
-from harness.suites.scenario import LossScaleExpect, MttrExpect
+from harness.oracles.health import LossScaleExpect
+from harness.oracles.recovery import MttrExpect
 
 from .oracle_runs import TARGET, Run, clean_run, nan_grad_run
 

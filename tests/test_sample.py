@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.oracles.collapse import PhraseCollapseExpect
 from harness.run_layout import RunLayout
 from harness.running.launch import LaunchError
 from harness.running.sampling import sample_command, take_samples
-from harness.suites.scenario import PhraseCollapseExpect, Scenario, TrainerSpec
+from harness.suites.scenario import Scenario, TrainerSpec
 from reference_trainer.config import preset
 from reference_trainer.model_and_data.tokenizer import save_tokenizer, train_tokenizer
 from reference_trainer.sample import main

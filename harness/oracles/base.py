@@ -1,4 +1,8 @@
-"""What every oracle shares: how it is built from its expectation and how it words a `Check`."""
+"""What every oracle shares: how it is built from its expectation and how it words a `Check`.
+
+An oracle with a ``name`` of its own is a check: declaring the class registers it
+(`registered`), with the `Expectation` it takes under ``expect:``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, TypeVar
 
+from harness.oracles.expectation import Expectation
 from harness.oracles.verdict import Check, Evidence, Figure
 
 OracleT = TypeVar("OracleT", bound="ExpectOracle")
@@ -28,10 +33,19 @@ def rounded(value: Figure) -> Figure:
 
 
 class ExpectOracle(ABC):
-    """Base of the oracles: built from the value of its key under ``expect:``."""
+    """Base of the oracles: built from the value of its key under ``expect:``. A subclass
+    with a ``name`` of its own is a check, registered by being declared (`registered`)."""
 
     #: The check's name, the same as its key under ``expect:`` in a scenario.
     name: ClassVar[str]
+    #: What the check takes under ``expect:``, and how the docs describe it.
+    expectation: ClassVar[Expectation]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "name" in own and not isinstance(own.get("expectation"), Expectation):
+            raise TypeError(f"check {cls.__name__} ({own['name']!r}) declares no expectation")
 
     @classmethod
     def from_expect(cls: type[OracleT], value: Any) -> OracleT:
@@ -77,3 +91,25 @@ class ExpectOracle(ABC):
             figures={key: rounded(value) for key, value in figures.items()},
             judged=False,
         )
+
+
+def registered() -> dict[str, type[ExpectOracle]]:
+    """Every check declared so far (each subclass with a name of its own), by name, in
+    the order of their expectations."""
+    found, todo = [], list(ExpectOracle.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        # A class refused at its declaration (no expectation) may linger until collected.
+        if "name" in vars(cls) and isinstance(vars(cls).get("expectation"), Expectation):
+            found.append(cls)
+    table: dict[str, type[ExpectOracle]] = {}
+    for cls in sorted(found, key=lambda c: c.expectation.order):
+        clash = table.get(cls.name) or next(
+            (c for c in table.values() if c.expectation.order == cls.expectation.order), None
+        )
+        if clash is not None:
+            pair = " and ".join(sorted((clash.__name__, cls.__name__)))
+            raise TypeError(f"checks {pair} share a name or an order")
+        table[cls.name] = cls
+    return table

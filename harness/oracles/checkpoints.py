@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from harness.oracles.base import ExpectOracle
+from harness.oracles.expectation import Expectation
 from harness.oracles.manifests import CheckpointState, inspect_checkpoint
 from harness.oracles.timeline import damaged_paths, faults, plural
 from harness.oracles.verdict import Check, Evidence
@@ -67,6 +68,18 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
     (parents included), any file the agent saw loaded against the hash it had when saved."""
 
     name = "no_corrupt_checkpoint_loaded"
+    expectation = Expectation(
+        type=bool,
+        order=7,
+        passes_when="every checkpoint the run loaded verifies against its manifest (each "
+        "file's size and SHA-256, the parent chain of a delta), checked by the harness "
+        "itself, and no fault had damaged it before the load (a fault on another rank in the "
+        "load's own step and attempt may have struck after the read: that load is "
+        "unverifiable, not corrupt); for a trainer written elsewhere, every file load the "
+        "agent observed has the bytes of a save, and a load that raised (the framework "
+        "refused the file) counts as a load of nothing corrupt",
+        figure="corrupt loads",
+    )
 
     def judge(self, evidence: Evidence) -> Check:
         """Count of loads of a checkpoint that was damaged before it was loaded."""

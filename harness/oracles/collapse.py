@@ -20,16 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from faults import FaultPlan
 from faults.data import DuplicateContaminationSpec
 from faults.errors import FaultSpecError
 from harness.oracles.base import ExpectOracle
 from harness.oracles.checkpoints import locate
+from harness.oracles.expectation import Expectation, ExpectModel
 from harness.oracles.manifests import MANIFEST, sha256_file
 from harness.oracles.verdict import Check, Evidence
 from harness.records.journal import Journal
 from harness.run_layout import RunLayout
-from harness.suites.scenario import PhraseCollapseExpect
 
 #: The sampler's file format this oracle reads (`reference_trainer.sample` writes it).
 SAMPLES_FORMAT = 1
@@ -141,12 +143,47 @@ def provenance_problem(samples: Samples, journal: Journal, run_dir: Path | None)
     return "they name no checkpoint (no manifest_sha256 or file_sha256)"
 
 
+class PhraseCollapseExpect(ExpectModel):
+    """Generations of the final model hold the contamination's phrase hardly more often
+    than the fault-free baseline's."""
+
+    max_increase: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Largest allowed rise of the share of generations holding the phrase.",
+    )
+    k: int = Field(default=64, ge=1, le=4096, description="Generations drawn from each run.")
+    max_tokens: int = Field(default=48, ge=1, le=4096, description="Tokens per generation.")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed of the draws.")
+    top_k: int | None = Field(
+        default=None, ge=1, le=1 << 20, description="Draw from the k likeliest tokens only."
+    )
+
+
 @dataclass(frozen=True)
 class PhraseCollapseOracle(ExpectOracle):
     """The share of K generations holding the contamination's phrase rose by at most
     ``max_increase`` over the fault-free baseline's share."""
 
     name = "max_phrase_collapse"
+    expectation = Expectation(
+        type=PhraseCollapseExpect,
+        order=14,
+        baseline="always",
+        passes_when="of `k` (64) generations of `max_tokens` (48) tokens drawn from the final "
+        "weights (temperature 1, seeded by `seed`, from the `top_k` likeliest tokens when "
+        "given), each where a new document starts after the tail of a held-out document (the "
+        "same prompts for both runs), the share holding the `phrase` of the plan's "
+        "`duplicate_contamination` fault (case and spacing aside) is at most `max_increase` "
+        "(0.1) above the fault-free baseline's share. Generations count only when they name "
+        "the run's last checkpoint: the step and manifest SHA-256 the journal's last "
+        "`checkpoint_saved` recorded (and, for the faulted run, the manifest on disk still "
+        "hashing to it); for a command trainer the `sha256` of its last `file_saved`. Not "
+        "judged without a phrase, a baseline, a sampler (`trainer.sample_command`) or "
+        "matching generations",
+        figure="increase of the share",
+    )
     max_increase: float = 0.1
     k: int = 64
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from pydantic import Field
+
 from harness.oracles.base import ExpectOracle
+from harness.oracles.expectation import Expectation
 from harness.oracles.verdict import Check, Evidence
 
 
@@ -23,6 +26,15 @@ class ContaminationOracle(ExpectOracle):
     contamination kind, or of ``kind`` alone."""
 
     name = "max_contamination_consumed"
+    expectation = Expectation(
+        type=int,
+        field=Field(ge=0),
+        order=8,
+        symbol="n",
+        passes_when="at most `n` injected documents (duplicates, paraphrases, any "
+        "contamination kind) reached the model (all ranks, all attempts)",
+        figure="documents",
+    )
     bound: int = 0
     #: One contamination kind (`contaminated_kinds` of the step events); None: all of them.
     kind: ClassVar[str | None] = None
@@ -71,4 +83,14 @@ class ToxicOracle(ContaminationOracle):
     """At most this many injected toxic documents entered training, on all ranks."""
 
     name = "max_toxic_consumed"
+    expectation = Expectation(
+        type=int,
+        field=Field(ge=0),
+        order=12,
+        symbol="n",
+        passes_when='at most `n` injected toxic documents (`contaminated_kinds["toxic"]` of '
+        "the step events) reached the model (all ranks, all attempts); not judged when no "
+        "step reports `contaminated_kinds`",
+        figure="documents",
+    )
     kind: ClassVar[str | None] = "toxic"

@@ -10,10 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
 from harness.oracles.base import ExpectOracle
+from harness.oracles.expectation import Expectation, ExpectModel
 from harness.oracles.timeline import NO_FAULT, corroborated, detections, first_fault, plural
 from harness.oracles.verdict import Check, Evidence
-from harness.suites.scenario import DetectedExpect
+
+
+class DetectedExpect(ExpectModel):
+    """The fault must be detected: by which detector, how soon after it fired."""
+
+    within_steps: int | None = Field(default=None, ge=0, description="Latest allowed latency.")
+    detector: str | list[str] | None = Field(
+        default=None, description="Detector(s) that count; any detector when omitted."
+    )
 
 
 @dataclass(frozen=True)
@@ -21,6 +32,19 @@ class DetectedOracle(ExpectOracle):
     """The fault is detected, by one of the named detectors, within a number of steps."""
 
     name = "detected"
+    expectation = Expectation(
+        type=DetectedExpect | bool,
+        order=1,
+        needs_fault=True,
+        passes_when="a detection of the first injected fault came from the named detector(s) "
+        "if given, within `within_steps` steps. A detection is the run's observed answer to "
+        "that fault (its first skipped or repaired step, rollback, restart or refused file, "
+        "until rank 0 trains a calm step again, and before another fault of the plan), or a "
+        "claim (a `detected` event, a `checkpoint_rejected` as `checkpoint_integrity`, a "
+        "`rank_lost`) that this answer backs: on the claim's rank or rank 0, at the claim's "
+        "step or at most 5 of its rank's steps after it",
+        figure="latency in steps (and seconds)",
+    )
     within_steps: int | None = None
     #: Detectors that count; any when empty.
     detectors: tuple[str, ...] = ()
@@ -101,6 +125,15 @@ class FalseAlarmsOracle(ExpectOracle):
     """The fault-free baseline run raises at most this many detections."""
 
     name = "max_false_alarms"
+    expectation = Expectation(
+        type=int,
+        field=Field(ge=0),
+        order=9,
+        symbol="n",
+        baseline="always",
+        passes_when="the fault-free baseline has at most `n` detections",
+        figure="detections",
+    )
     bound: int = 0
 
     @classmethod

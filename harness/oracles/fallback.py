@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
 from harness.oracles.base import ExpectOracle
 from harness.oracles.data import _count
+from harness.oracles.expectation import Expectation
 from harness.oracles.verdict import Check, Evidence
 
 
@@ -15,6 +18,17 @@ class FallbackRateOracle(ExpectOracle):
     """At most this share of the token ids that reached the model were byte fallback."""
 
     name = "max_fallback_rate"
+    expectation = Expectation(
+        type=float,
+        field=Field(ge=0, le=1, description="Largest share of byte-fallback tokens trained on."),
+        order=11,
+        symbol="x",
+        passes_when="at most a share `x` of the token ids that reached the model were byte "
+        "fallback (`fallback_tokens` / `batch_tokens` of every step of every rank and "
+        "attempt, counted by the trainer on each batch; docs/stability.md, "
+        "tokenizer_fallback)",
+        figure="share",
+    )
     bound: float = 0.0
 
     @classmethod

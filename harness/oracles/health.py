@@ -7,7 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
 from harness.oracles.base import ExpectOracle
+from harness.oracles.expectation import Expectation, ExpectModel
 from harness.oracles.recovery import step_conflict
 from harness.oracles.timeline import (
     LEAD_RANK,
@@ -23,7 +26,6 @@ from harness.oracles.timeline import (
 )
 from harness.oracles.verdict import Check, Evidence
 from harness.records.journal import Event, Journal
-from harness.suites.scenario import LossScaleExpect
 
 #: Steps averaged for a run's final loss: one step's loss is too noisy to compare.
 FINAL_WINDOW = 5
@@ -34,6 +36,14 @@ class ParamsFiniteOracle(ExpectOracle):
     """Every parameter stays finite, as the agent observed it (not as the trainer claims)."""
 
     name = "params_finite"
+    expectation = Expectation(
+        type=bool,
+        order=2,
+        passes_when="no parameter check found a non-finite parameter, and every rank's last "
+        "step has a finite loss",
+        figure="signs of non-finite weights: observations that saw them, plus ranks whose "
+        "last step applied a non-finite loss (the detail gives each count)",
+    )
 
     def observed(self, journal: Journal) -> list[Event]:
         """Every step's check, and the attached agent's last look in run_end."""
@@ -93,6 +103,14 @@ class KeptParamsFiniteOracle(ParamsFiniteOracle):
     its last attempt only (a guard that rolled a non-finite step back held)."""
 
     name = "kept_params_finite"
+    expectation = Expectation(
+        type=bool,
+        order=15,
+        passes_when="like `params_finite`, but judged on the step attempts the final weights "
+        "descend from: a step the agent saw non-finite and the run then rolled back and "
+        "trained again counts by its last attempt (the soak's invariant, docs/soak.md)",
+        figure="non-finite observations",
+    )
 
     def observed(self, journal: Journal) -> list[Event]:
         """The checks of each rank's surviving step attempts, and each rank's last run_end."""
@@ -110,6 +128,14 @@ class CompletedOracle(ExpectOracle):
     """The run trained to its target step and every rank of its last attempt finished."""
 
     name = "completed"
+    expectation = Expectation(
+        type=bool,
+        order=3,
+        baseline="command",
+        passes_when="the launcher exited 0, rank 0 reached `trainer.steps`, and every rank "
+        "of the last attempt ended `completed`",
+        figure="highest step reached",
+    )
 
     def judge(self, evidence: Evidence) -> Check:
         """Highest step rank 0 reached; fails naming each missing piece of evidence."""
@@ -193,6 +219,16 @@ class FinalLossOracle(ExpectOracle):
     """The final loss is within a relative tolerance of the fault-free baseline's."""
 
     name = "final_loss_within"
+    expectation = Expectation(
+        type=float,
+        field=Field(gt=0, le=10, description="Largest relative gap to the baseline's loss."),
+        order=4,
+        symbol="t",
+        baseline="always",
+        passes_when="the mean loss of the last 5 steps is within a relative `t` of the "
+        "fault-free baseline's",
+        figure="relative gap",
+    )
     tolerance: float = 0.05
 
     @classmethod
@@ -233,11 +269,30 @@ class FinalLossOracle(ExpectOracle):
         )
 
 
+class LossScaleExpect(ExpectModel):
+    """After the fault the fp16 loss scale settles again."""
+
+    within_steps: int = Field(default=10, ge=1, description="Steps allowed to settle.")
+    min_fraction: float = Field(
+        default=1e-3,
+        gt=0,
+        le=1,
+        description="The final scale is at least this share of the scale before the fault.",
+    )
+
+
 @dataclass(frozen=True)
 class LossScaleRecoveredOracle(ExpectOracle):
     """After the fault the fp16 loss scale settles: near its old value, no more skips."""
 
     name = "loss_scale_recovered"
+    expectation = Expectation(
+        type=LossScaleExpect | bool,
+        order=10,
+        passes_when="in fp16, the final loss scale is at least `min_fraction` of the scale "
+        "before the fault and no step was skipped more than `within_steps` after it",
+        figure="final / pre-fault scale",
+    )
     within_steps: int = LossScaleExpect().within_steps
     min_fraction: float = LossScaleExpect().min_fraction
 

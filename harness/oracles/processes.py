@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.oracles.base import ExpectOracle
+from harness.oracles.expectation import Expectation
 from harness.oracles.verdict import Check, Evidence
 
 
@@ -14,6 +15,15 @@ class ProcessesLeftOracle(ExpectOracle):
     environment) had ended when the launcher did; the harness kills and counts the rest."""
 
     name = "no_processes_left"
+    expectation = Expectation(
+        type=bool,
+        order=17,
+        passes_when="no process of the launch (each carries the launch's mark in its "
+        "environment) was alive when its launcher ended; the harness kills and counts any, "
+        "and the detail names each: pid, command line and what started it; not judged for "
+        "Docker nodes",
+        figure="processes",
+    )
 
     def judge(self, evidence: Evidence) -> Check:
         """Processes still alive with the launch's mark after it ended."""

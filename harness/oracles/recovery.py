@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from harness.oracles.base import ExpectOracle
+from harness.oracles.expectation import Expectation, ExpectModel
 from harness.oracles.timeline import LEAD_RANK, NO_FAULT, good, lead_steps, plural, skipped
 from harness.oracles.verdict import Check, Evidence
 from harness.records.journal import Event, Journal
-from harness.suites.scenario import MttrExpect
 
 #: Events that belong to an incident still being handled (besides skipped steps).
 INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
@@ -34,6 +36,15 @@ class LostStepsOracle(ExpectOracle):
     """At most this many steps were lost: trained twice, or trained without an update."""
 
     name = "max_lost_steps"
+    expectation = Expectation(
+        type=int,
+        field=Field(ge=0),
+        order=5,
+        symbol="n",
+        step_field="",
+        passes_when="steps redone after a rollback or restart, plus steps skipped, are at most `n`",
+        figure="lost steps",
+    )
     bound: int = 0
 
     @classmethod
@@ -68,11 +79,32 @@ class LostStepsOracle(ExpectOracle):
         )
 
 
+class MttrExpect(ExpectModel):
+    """Mean time to recovery: from the fault to the first good step after recovery."""
+
+    max_steps: int | None = Field(default=None, ge=0)
+    max_seconds: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> MttrExpect:
+        if self.max_steps is None and self.max_seconds is None:
+            raise ValueError("give max_steps, max_seconds or both")
+        return self
+
+
 @dataclass(frozen=True)
 class MttrOracle(ExpectOracle):
     """Time to recovery: from the fault to the first good step once the incident is over."""
 
     name = "mttr"
+    expectation = Expectation(
+        type=MttrExpect,
+        order=6,
+        step_field="max_steps",
+        passes_when="from the first fault to the first good step (finite loss, not skipped) "
+        "after the last recovery action or skip",
+        figure="seconds (and steps)",
+    )
     max_steps: int | None = None
     max_seconds: float | None = None
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.oracles.base import ExpectOracle
+from harness.oracles.expectation import Expectation
 from harness.oracles.verdict import Check, Evidence
 from harness.replica_prints import odd_ranks
 
@@ -19,6 +20,15 @@ class ReplicasConsistentOracle(ExpectOracle):
     its redone attempt)."""
 
     name = "replicas_consistent"
+    expectation = Expectation(
+        type=bool,
+        order=13,
+        passes_when="at every step the agent fingerprinted the parameters (its periodic "
+        "checks, with 2+ ranks), every rank held the same ones, in the run's surviving "
+        "timeline (a diverged step rolled back and redone counts by its redone attempt); "
+        "replicated data parallelism only (sharded parameters differ by design)",
+        figure="diverged steps",
+    )
 
     @classmethod
     def from_expect(cls, value: Any) -> ReplicasConsistentOracle:

@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from pydantic import Field
+
 from harness.oracles.base import ExpectOracle
+from harness.oracles.expectation import Expectation
 from harness.oracles.timeline import LEAD_RANK, lead_steps
 from harness.oracles.verdict import Check, Evidence
 
@@ -18,6 +21,16 @@ class StallOracle(ExpectOracle):
     its deadline while hung fails here)."""
 
     name = "max_stall_seconds"
+    expectation = Expectation(
+        type=float,
+        field=Field(gt=0, description="Longest wait between rank 0's finished steps."),
+        order=16,
+        symbol="s",
+        passes_when="rank 0 never went longer than `s` seconds between finished steps (any "
+        "attempt; restarts and loads included), nor from its last step to the end of the "
+        "launch: no hang outlived the watchdog",
+        figure="longest wait, seconds",
+    )
     bound: float = 60.0
 
     @classmethod

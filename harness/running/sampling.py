@@ -17,9 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+from harness.oracles.collapse import PhraseCollapseExpect
 from harness.run_layout import RunLayout
 from harness.running.launch import run_process, split_command, trainer_cwd, trainer_env
-from harness.suites.scenario import PhraseCollapseExpect, Scenario, TrainerSpec
+from harness.suites.scenario import Scenario, TrainerSpec
 
 
 def sample_command(

@@ -9,12 +9,13 @@ the reference.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    create_model,
     field_serializer,
     field_validator,
     model_validator,
@@ -27,6 +28,7 @@ from faults.spec import MAX_STEP, FaultClass
 from harness.data_mixes import DATA_MIXES
 from harness.mechanisms import MECHANISMS, OPT_IN
 from harness.optimizers import OPTIMIZERS
+from harness.oracles import ORACLES
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
 #: mechanism on, and the same trainer with all of them off (the negative control).
@@ -281,84 +283,13 @@ class TrainerSpec(_Model):
         )
 
 
-class DetectedExpect(_Model):
-    """The fault must be detected: by which detector, how soon after it fired."""
-
-    within_steps: int | None = Field(default=None, ge=0, description="Latest allowed latency.")
-    detector: str | list[str] | None = Field(
-        default=None, description="Detector(s) that count; any detector when omitted."
-    )
-
-
-class MttrExpect(_Model):
-    """Mean time to recovery: from the fault to the first good step after recovery."""
-
-    max_steps: int | None = Field(default=None, ge=0)
-    max_seconds: float | None = Field(default=None, gt=0)
-
-    @model_validator(mode="after")
-    def _some_bound(self) -> MttrExpect:
-        if self.max_steps is None and self.max_seconds is None:
-            raise ValueError("give max_steps, max_seconds or both")
-        return self
-
-
-class LossScaleExpect(_Model):
-    """After the fault the fp16 loss scale settles again."""
-
-    within_steps: int = Field(default=10, ge=1, description="Steps allowed to settle.")
-    min_fraction: float = Field(
-        default=1e-3,
-        gt=0,
-        le=1,
-        description="The final scale is at least this share of the scale before the fault.",
-    )
-
-
-class PhraseCollapseExpect(_Model):
-    """Generations of the final model hold the contamination's phrase hardly more often
-    than the fault-free baseline's."""
-
-    max_increase: float = Field(
-        default=0.1,
-        ge=0,
-        le=1,
-        description="Largest allowed rise of the share of generations holding the phrase.",
-    )
-    k: int = Field(default=64, ge=1, le=4096, description="Generations drawn from each run.")
-    max_tokens: int = Field(default=48, ge=1, le=4096, description="Tokens per generation.")
-    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed of the draws.")
-    top_k: int | None = Field(
-        default=None, ge=1, le=1 << 20, description="Draw from the k likeliest tokens only."
-    )
-
-
-class Expect(_Model):
+class _Checks(_Model):
     """The checks of a scenario; each key is one oracle, omitted keys are not checked."""
 
-    detected: DetectedExpect | bool | None = None
-    params_finite: bool | None = None
-    completed: bool | None = None
-    final_loss_within: float | None = Field(
-        default=None, gt=0, le=10, description="Largest relative gap to the baseline's loss."
-    )
-    max_lost_steps: int | None = Field(default=None, ge=0)
-    mttr: MttrExpect | None = None
-    no_corrupt_checkpoint_loaded: bool | None = None
-    max_contamination_consumed: int | None = Field(default=None, ge=0)
-    max_false_alarms: int | None = Field(default=None, ge=0)
-    loss_scale_recovered: LossScaleExpect | bool | None = None
-    max_fallback_rate: float | None = Field(
-        default=None, ge=0, le=1, description="Largest share of byte-fallback tokens trained on."
-    )
-    max_toxic_consumed: int | None = Field(default=None, ge=0)
-    replicas_consistent: bool | None = None
-    max_phrase_collapse: PhraseCollapseExpect | None = None
-    kept_params_finite: bool | None = None
-    max_stall_seconds: float | None = Field(
-        default=None, gt=0, description="Longest wait between rank 0's finished steps."
-    )
-    no_processes_left: bool | None = None
+    if TYPE_CHECKING:
+        # One field per registered check, made below (`Expect`).
+        def __init__(self, **checks: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
 
     def checks(self) -> list[str]:
         """Names of the checks asked for (a value of false or null asks for none)."""
@@ -367,13 +298,21 @@ class Expect(_Model):
     def needs_baseline(self, command: bool = False) -> bool:
         """True when a check compares against the fault-free run; for a command trainer,
         ``completed`` too (its last step is the one the fault-free run reaches)."""
-        if command and self.completed:
-            return True
-        return (
-            self.final_loss_within is not None
-            or self.max_false_alarms is not None
-            or self.max_phrase_collapse is not None
-        )
+        uses = {ORACLES[name].expectation.baseline for name in self.checks()}
+        return "always" in uses or (command and "command" in uses)
+
+
+if TYPE_CHECKING:
+    Expect = _Checks
+else:
+    #: ``expect:``: a field per registered check, as its oracle declares it.
+    Expect = create_model(
+        "Expect",
+        __base__=_Checks,
+        __doc__=_Checks.__doc__,
+        __module__=__name__,
+        **{name: oracle.expectation.pydantic_field() for name, oracle in ORACLES.items()},
+    )
 
 
 class Scenario(_Model):
@@ -422,15 +361,15 @@ class Scenario(_Model):
         )
         if problems:
             raise ValueError(problems[0])
-        for name, bound in (
-            ("expect.max_lost_steps", self.expect.max_lost_steps),
-            ("expect.mttr.max_steps", self.expect.mttr.max_steps if self.expect.mttr else None),
-        ):
+        for name, oracle in ORACLES.items():
+            where, bound = oracle.expectation.bound(getattr(self.expect, name))
             if bound is not None and bound > steps:
-                raise ValueError(f"{name} {bound} is past trainer.steps {steps}; it cannot bind")
-        detected = self.expect.detected
-        if detected is not None and detected is not False and not self.faults:
-            raise ValueError("expect.detected needs a fault to detect; faults is empty")
+                raise ValueError(
+                    f"expect.{name}{where} {bound} is past trainer.steps {steps}; it cannot bind"
+                )
+        for name in self.expect.checks():
+            if ORACLES[name].expectation.needs_fault and not self.faults:
+                raise ValueError(f"expect.{name} needs a fault to detect; faults is empty")
         return self
 
     def _check_node(self, i: int, fault: FaultSpec) -> None:
