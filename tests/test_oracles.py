@@ -19,9 +19,9 @@ from harness.oracles import (
     judge,
 )
 from harness.oracles.base import rounded
-from harness.oracles.timeline import corroborated, faults
 from harness.oracles.verdict import Evidence
 from harness.records.journal import Journal
+from harness.records.timeline import corroborated, faults
 from harness.suites.scenario import DetectedExpect, Expect
 
 from .oracle_runs import TARGET, Run, clean_run, nan_grad_run

@@ -12,9 +12,9 @@ from typing import Literal
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.manifests import CheckpointState, inspect_checkpoint
-from harness.oracles.timeline import damaged_paths, faults, plural
 from harness.oracles.verdict import Check, Evidence
 from harness.records.journal import Event
+from harness.records.timeline import damaged_paths, faults, plural
 from harness.run_layout import RunLayout
 
 #: Corrupt loads named one by one in the detail; the rest are counted.

@@ -1,9 +1,9 @@
 """Was the fault seen, how soon, and does the fault-free run cry wolf?
 
-Detection is judged from what the run did (`harness.oracles.timeline.responses`): the
+Detection is judged from what the run did (`harness.records.timeline.responses`): the
 faulted step skipped, a rollback, a restart, a damaged file refused. A trainer's own
 claims (``detected`` events) count only when the response that answers the same fault
-backs them (`harness.oracles.timeline.corroborated`)."""
+backs them (`harness.records.timeline.corroborated`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.oracles.base import ExpectOracle
-from harness.oracles.timeline import NO_FAULT, corroborated, detections, first_fault, plural
 from harness.oracles.verdict import Check, Evidence
+from harness.records.timeline import NO_FAULT, corroborated, detections, first_fault, plural
 from harness.suites.scenario import DetectedExpect
 
 

@@ -9,7 +9,9 @@ from typing import Any
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.recovery import step_conflict
-from harness.oracles.timeline import (
+from harness.oracles.verdict import Check, Evidence
+from harness.records.journal import Event, Journal
+from harness.records.timeline import (
     LEAD_RANK,
     NO_FAULT,
     as_float,
@@ -21,8 +23,6 @@ from harness.oracles.timeline import (
     skipped,
     surviving_losses,
 )
-from harness.oracles.verdict import Check, Evidence
-from harness.records.journal import Event, Journal
 from harness.suites.scenario import LossScaleExpect
 
 #: Steps averaged for a run's final loss: one step's loss is too noisy to compare.

@@ -6,13 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.oracles.base import ExpectOracle
-from harness.oracles.timeline import LEAD_RANK, NO_FAULT, good, lead_steps, plural, skipped
 from harness.oracles.verdict import Check, Evidence
-from harness.records.journal import Event, Journal
+from harness.records.journal import Journal
+from harness.records.timeline import LEAD_RANK, NO_FAULT, lead_steps, plural, recovery, skipped
 from harness.suites.scenario import MttrExpect
-
-#: Events that belong to an incident still being handled (besides skipped steps).
-INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
 
 
 def step_conflict(journal: Journal) -> str | None:
@@ -93,7 +90,7 @@ class MttrOracle(ExpectOracle):
 
     def judge(self, evidence: Evidence) -> Check:
         """Seconds (and steps) from the first fault to the first good step after the
-        incident's last recovery event or skipped step."""
+        incident's last recovery event or skipped step (`harness.records.timeline.recovery`)."""
         expected = self._expected()
         journal = list(evidence.journal)
         start = next((i for i, e in enumerate(journal) if e.kind == "fault_injected"), None)
@@ -103,14 +100,10 @@ class MttrOracle(ExpectOracle):
             )
         # Positions in the merged journal order events by wall time across ranks and keep
         # each rank's own order where two events share a timestamp.
-        fault, after = journal[start], journal[start:]
-        incident = [i for i, e in enumerate(after) if _incident(e)]
-        end = incident[-1] if incident else 0
-        recovery = next(
-            (i for i, e in enumerate(after) if i > end and _lead_step(e) and good(e)), None
-        )
-        if recovery is None:
-            last = after[end]
+        found = recovery(journal, start, past_fault=False)
+        fault, point = found.fault, found.back
+        if point is None or found.seconds is None or found.steps is None:
+            last = found.last_sign
             return self.verdict(
                 False,
                 None,
@@ -120,9 +113,7 @@ class MttrOracle(ExpectOracle):
                 f"{last.kind} at step {last.step}",
                 fault_step=fault.step,
             )
-        point = after[recovery]
-        seconds = max(0.0, point.wall - fault.wall)
-        steps = max(0, sum(1 for e in after[: recovery + 1] if _lead_step(e)) - 1)
+        seconds, steps = found.seconds, found.steps
         over = []
         if self.max_steps is not None and steps > self.max_steps:
             over.append(f"{plural(steps, 'step')} > {self.max_steps}")
@@ -144,12 +135,3 @@ class MttrOracle(ExpectOracle):
             fault_step=fault.step,
             recovered_at_step=point.step,
         )
-
-
-def _lead_step(event: Event) -> bool:
-    return event.kind == "step" and event.rank == LEAD_RANK
-
-
-def _incident(event: Event) -> bool:
-    """True for an event that shows the incident is still being handled."""
-    return event.kind in INCIDENT_KINDS or (_lead_step(event) and skipped(event))

@@ -7,8 +7,8 @@ from itertools import pairwise
 from typing import Any
 
 from harness.oracles.base import ExpectOracle
-from harness.oracles.timeline import LEAD_RANK, lead_steps
 from harness.oracles.verdict import Check, Evidence
+from harness.records.timeline import LEAD_RANK, lead_steps
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from harness.oracles.timeline import LEAD_RANK, as_float, finite, skipped
 from harness.records.journal import Event, Journal
+from harness.records.timeline import LEAD_RANK, as_float, finite, skipped
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,8 @@ from faults.plan import FaultPlan
 from faults.spec import FaultSpec
 from harness import __version__
 from harness.errors import TightropeError
-from harness.oracles.timeline import LEAD_RANK
 from harness.records.journal import read_journal
+from harness.records.timeline import LEAD_RANK
 from harness.run_layout import RunLayout
 from harness.running.baseline import baseline_run, default_cache_dir
 from harness.running.progress import SuiteProgress

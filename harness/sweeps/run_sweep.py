@@ -25,8 +25,8 @@ from typing import Any
 from harness import __version__
 from harness.errors import JournalError
 from harness.oracles.health import final_loss
-from harness.oracles.timeline import surviving_losses
 from harness.records.journal import json_safe, read_journal
+from harness.records.timeline import surviving_losses
 from harness.running.baseline import default_cache_dir, scenario_key
 from harness.running.launch import check_command
 from harness.running.progress import SuiteProgress

@@ -1,13 +1,18 @@
-"""Reading a run's story from its journal: rank 0's steps, the faults, the detections.
+"""Reading a run's story from its journal: rank 0's steps, the faults, the detections,
+and the time a run took to recover from a fault.
 
-Every helper tolerates odd evidence (missing fields, wrong types): the oracles must turn
-missing evidence into a failing check, never into a traceback.
+The one home of the journal queries the oracles, the soak, the sweeps and the
+integrations share, with the kinds that say "an incident is going on", "a checkpoint was
+reached" and "a piece of work ended". Every helper tolerates odd evidence (missing fields,
+wrong types): the oracles must turn missing evidence into a failing check, never into a
+traceback.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,16 @@ DETECTION_KINDS = {
     "checkpoint_rejected": "checkpoint_integrity",
     "rank_lost": "rank_lost",
 }
+#: Signs that an incident is still being handled (besides rank 0's skipped steps).
+INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
+#: Loads that show a checkpoint was reached.
+LOAD_KINDS = frozenset(
+    {"file_loaded", "file_load_failed", "checkpoint_loaded", "checkpoint_rejected"}
+)
+#: Events after which rank 0 is back to training: a step's time starts at the last one.
+BOUNDARY_KINDS = frozenset(
+    {"step", "run_start", "checkpoint_saved", "checkpoint_loaded", "file_saved", "file_loaded"}
+)
 
 
 #: Keys of a fault's details that name what it damaged. Not every path there was damaged:
@@ -46,9 +61,14 @@ def finite(value: Any) -> bool:
     return number is not None and math.isfinite(number)
 
 
+def lead_step(event: Event) -> bool:
+    """True for a `step` event of rank 0."""
+    return event.kind == "step" and event.rank == LEAD_RANK
+
+
 def lead_steps(journal: Journal) -> list[Event]:
     """Rank 0's `step` events in journal order, redone attempts included."""
-    return [e for e in journal if e.kind == "step" and e.rank == LEAD_RANK]
+    return [e for e in journal if lead_step(e)]
 
 
 def faults(journal: Journal) -> list[Event]:
@@ -70,6 +90,50 @@ def skipped(step: Event) -> bool:
 def good(step: Event) -> bool:
     """A good step: its loss is finite and its update was applied."""
     return finite(step.get("loss")) and not skipped(step)
+
+
+def incident_sign(event: Event) -> bool:
+    """True for an event that shows an incident is still being handled: a recovery, a
+    restart, a checkpoint load, a lost rank, or a step rank 0 skipped."""
+    return event.kind in INCIDENT_KINDS or (lead_step(event) and skipped(event))
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """How long a run took to recover from one fault."""
+
+    fault: Event
+    #: The incident's last sign (`incident_sign`), or the fault itself when none came.
+    last_sign: Event
+    #: Rank 0's first good step after that sign (see `recovery`); None: never.
+    back: Event | None
+    #: Wall seconds from the injection to ``back``.
+    seconds: float | None
+    #: Rank 0's steps (redone ones included) from the injection to ``back``, ``back`` less one.
+    steps: int | None
+
+
+def recovery(
+    events: Sequence[Event], at: int, until: int | None = None, *, past_fault: bool = True
+) -> Recovery:
+    """The time to recover from the fault ``events[at]``: from its injection to rank 0's
+    first good step after the incident's last sign among ``events[at:until]`` (to the end
+    of the journal when ``until`` is None), one past the fault's step.
+
+    The soak times its incidents so (each fault's signs before the next fault fires). The
+    `mttr` check passes ``past_fault=False`` (the first fault, every sign after it): a
+    step redone after a rollback, or the fault's own step when it showed nothing wrong,
+    already counts as recovered (docs/scenarios.md and docs/soak.md state each rule)."""
+    fault = events[at]
+    stop = len(events) if until is None else until
+    signs = [m for m in range(at, stop) if incident_sign(events[m])]
+    last = signs[-1] if signs else at
+    for m in range(last + 1, len(events)):
+        e = events[m]
+        if lead_step(e) and (e.step > fault.step or not past_fault) and good(e):
+            steps = sum(1 for x in events[at : m + 1] if lead_step(x)) - 1
+            return Recovery(fault, events[last], e, max(0.0, e.wall - fault.wall), max(0, steps))
+    return Recovery(fault, events[last], None, None, None)
 
 
 def surviving_losses(journal: Journal, rank: int = LEAD_RANK) -> list[float]:
