@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from faults.registry import kinds as registered_kinds
+from harness.records.detectors import BY_KIND
 from harness.records.journal import Event, Journal
 
 #: The rank whose steps tell the run's progress (every rank reports the same global loss).
@@ -26,11 +27,7 @@ LEAD_RANK = 0
 NO_FAULT = "no fault was injected (no fault_injected event)"
 #: Event kinds that say "something is wrong" and the detector each one counts as; a
 #: `detected` event names its own detector.
-DETECTION_KINDS = {
-    "detected": "",
-    "checkpoint_rejected": "checkpoint_integrity",
-    "rank_lost": "rank_lost",
-}
+DETECTION_KINDS = {"detected": "", **BY_KIND}
 #: Signs that an incident is still being handled (besides rank 0's skipped steps).
 INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
 #: Loads that show a checkpoint was reached.
@@ -173,8 +170,6 @@ def detections(journal: Journal) -> list[Detection]:
     return found
 
 
-#: Detectors whose evidence the agent observed itself (no trainer's word in it).
-OBSERVED = ("skipped_step", "rollback", "restart", "checkpoint_integrity", "gradient_repaired")
 #: How many of its own rank's steps a claim may come before the response that backs it:
 #: a mechanism acts on its detection in the same step or soon after (a loss scale raised
 #: on a stalled layer overflows a few steps later); a response further on answers

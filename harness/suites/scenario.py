@@ -27,6 +27,7 @@ from faults.spec import MAX_STEP, FaultClass
 from harness.data_mixes import DATA_MIXES
 from harness.mechanisms import MECHANISMS, OPT_IN
 from harness.optimizers import OPTIMIZERS
+from harness.records.detectors import check_detectors
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
 #: mechanism on, and the same trainer with all of them off (the negative control).
@@ -288,6 +289,11 @@ class DetectedExpect(_Model):
     detector: str | list[str] | None = Field(
         default=None, description="Detector(s) that count; any detector when omitted."
     )
+
+    @field_validator("detector")
+    @classmethod
+    def _known_detectors(cls, value: str | list[str] | None) -> str | list[str] | None:
+        return None if value is None else check_detectors(value)
 
 
 class MttrExpect(_Model):
