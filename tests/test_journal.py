@@ -16,7 +16,12 @@ import pytest
 
 from harness.errors import JournalError
 from harness.records.journal import JournalWriter, TornLineWarning, read_journal
-from harness.records.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION
+from harness.records.journal_schema import (
+    COMMON_FIELDS,
+    EVENT_KINDS,
+    SCHEMA_VERSION,
+    kinds_markdown,
+)
 from harness.run_layout import RunLayout
 
 from .conftest import ROOT
@@ -177,3 +182,8 @@ def test_docs_describe_every_kind_and_field() -> None:
         body = section[1].split("### ", 1)[0]
         for name in fields:
             assert f"`{name}`" in body, f"docs/journal.md: {kind} does not describe {name}"
+
+
+def test_docs_kind_sections_are_written_from_the_events() -> None:
+    doc = (ROOT / "docs" / "journal.md").read_text()
+    assert kinds_markdown() in doc, "docs/journal.md: paste kinds_markdown() over its kinds"
