@@ -61,6 +61,9 @@ from harness.inside.step_evidence import grads_finite, params_fingerprint, param
 from harness.records.events import (
     Claim,
     DataWeightsObserved,
+    Detected,
+    FaultInjected,
+    FaultSkipped,
     FileLoaded,
     FileLoadFailed,
     FileSaved,
@@ -341,7 +344,7 @@ class Agent:
         """Journal something the trainer reports about itself (detected, recovered, ...),
         at the current step unless ``step`` says otherwise."""
         self.journal.emit(claim.kind, self.step if step is None else step, **claim.fields())
-        if claim.kind == "detected":
+        if isinstance(claim, Detected):
             self._look(lambda m: m.mark_anomaly())
 
     def name_layers(self, layer_of: Callable[[str], str]) -> None:
@@ -476,7 +479,7 @@ class Agent:
         for event in events:
             details = event.get("details", {})
             index = details.get("plan_index")
-            fault = event.kind in ("fault_injected", "fault_skipped")
+            fault = event.is_(FaultInjected, FaultSkipped)
             if fault and event.rank == self.rank and index is not None:
                 self._fired.add((int(index), event.step))
                 if (trigger := details.get("trigger_step")) is not None:

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, TypeVar
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.verdict import Check, Evidence
+from harness.records.events import StepObserved
 
 
 def _count(value: Any) -> int:
@@ -48,7 +49,7 @@ class ContaminationOracle(ExpectOracle):
         expected = f"<= {self.bound} docs"
         field = "contaminated_docs" if self.kind is None else "contaminated_kinds"
         # Every attempt counts: a document trained on before a rollback was still consumed.
-        steps = evidence.journal.of_kind("step")
+        steps = evidence.journal.of_kind(StepObserved)
         reported = [n for n in map(self._consumed, steps) if n is not None]
         if not reported:
             what = f"no step reports {field}" if steps else "no step was reported"

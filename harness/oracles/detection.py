@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.verdict import Check, Evidence
+from harness.records.events import StepObserved
 from harness.records.timeline import NO_FAULT, corroborated, detections, first_fault, plural
 from harness.suites.scenario import DetectedExpect
 
@@ -117,7 +118,7 @@ class FalseAlarmsOracle(ExpectOracle):
                 unit="",
                 expected=expected,
             )
-        if not evidence.baseline.of_kind("step"):
+        if not evidence.baseline.of_kind(StepObserved):
             # A baseline that never trained raised no alarm because it never ran.
             return self.not_judged(
                 "the fault-free baseline run reported no step, so it shows no false alarms "

@@ -7,6 +7,7 @@ from typing import Any
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.verdict import Check, Evidence
+from harness.records.events import FaultInjected, StepObserved
 from harness.records.journal import Journal
 from harness.records.timeline import LEAD_RANK, NO_FAULT, lead_steps, plural, recovery, skipped
 from harness.suites.scenario import MttrExpect
@@ -15,7 +16,7 @@ from harness.suites.scenario import MttrExpect
 def step_conflict(journal: Journal) -> str | None:
     """Why step numbers cannot be trusted, when a resumed process's evidence disagreed
     (its first batch trained after the step of the save it loaded); else None."""
-    for event in journal.of_kind("step"):
+    for event in journal.of_kind(StepObserved):
         conflict = event.get("step_conflict")
         if isinstance(conflict, dict):
             return (
@@ -93,7 +94,7 @@ class MttrOracle(ExpectOracle):
         incident's last recovery event or skipped step (`harness.records.timeline.recovery`)."""
         expected = self._expected()
         journal = list(evidence.journal)
-        start = next((i for i, e in enumerate(journal) if e.kind == "fault_injected"), None)
+        start = next((i for i, e in enumerate(journal) if e.is_(FaultInjected)), None)
         if start is None:
             return self.not_judged(
                 f"{NO_FAULT}, so there was nothing to recover from", unit="s", expected=expected

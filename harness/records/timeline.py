@@ -19,6 +19,21 @@ from typing import Any
 
 from faults.registry import kinds as registered_kinds
 from harness.records.detectors import BY_KIND
+from harness.records.events import (
+    CheckpointLoaded,
+    CheckpointRejected,
+    CheckpointSaved,
+    Detected,
+    FaultInjected,
+    FileLoaded,
+    FileLoadFailed,
+    FileSaved,
+    RankLost,
+    Recovered,
+    Restart,
+    RunStart,
+    StepObserved,
+)
 from harness.records.journal import Event, Journal
 
 #: The rank whose steps tell the run's progress (every rank reports the same global loss).
@@ -27,16 +42,17 @@ LEAD_RANK = 0
 NO_FAULT = "no fault was injected (no fault_injected event)"
 #: Event kinds that say "something is wrong" and the detector each one counts as; a
 #: `detected` event names its own detector.
-DETECTION_KINDS = {"detected": "", **BY_KIND}
+DETECTION_KINDS = {Detected.kind: "", **BY_KIND}
 #: Signs that an incident is still being handled (besides rank 0's skipped steps).
-INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
+INCIDENT_KINDS = frozenset(e.kind for e in (Recovered, Restart, CheckpointLoaded, RankLost))
 #: Loads that show a checkpoint was reached.
 LOAD_KINDS = frozenset(
-    {"file_loaded", "file_load_failed", "checkpoint_loaded", "checkpoint_rejected"}
+    e.kind for e in (FileLoaded, FileLoadFailed, CheckpointLoaded, CheckpointRejected)
 )
 #: Events after which rank 0 is back to training: a step's time starts at the last one.
 BOUNDARY_KINDS = frozenset(
-    {"step", "run_start", "checkpoint_saved", "checkpoint_loaded", "file_saved", "file_loaded"}
+    e.kind
+    for e in (StepObserved, RunStart, CheckpointSaved, CheckpointLoaded, FileSaved, FileLoaded)
 )
 
 
@@ -60,7 +76,7 @@ def finite(value: Any) -> bool:
 
 def lead_step(event: Event) -> bool:
     """True for a `step` event of rank 0."""
-    return event.kind == "step" and event.rank == LEAD_RANK
+    return event.is_(StepObserved) and event.rank == LEAD_RANK
 
 
 def lead_steps(journal: Journal) -> list[Event]:
@@ -70,7 +86,7 @@ def lead_steps(journal: Journal) -> list[Event]:
 
 def faults(journal: Journal) -> list[Event]:
     """The `fault_injected` events, in journal order."""
-    return journal.of_kind("fault_injected")
+    return journal.of_kind(FaultInjected)
 
 
 def first_fault(journal: Journal) -> Event | None:
@@ -233,7 +249,7 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
     # intact beside them (the other files of the same checkpoint).
     took_damage = {
         (e.rank, e.restart)
-        for e in journal.of_kind("file_loaded")
+        for e in journal.of_kind(FileLoaded)
         if e.get("intact") is False or e.get("path") in damaged
     }
     seen = other_fault = other_checkpoint_fault = False
@@ -241,14 +257,14 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
     for event in journal:
         if event is fault:
             seen = True
-        elif seen and event.kind == "fault_injected" and not same_fault(event, fault):
+        elif seen and event.is_(FaultInjected) and not same_fault(event, fault):
             other_fault = True
             other_checkpoint_fault = other_checkpoint_fault or damages_checkpoints(event)
         if other_checkpoint_fault:
             break
         after = at_or_after(event, fault)
         detector = None
-        if event.kind == "step" and event.rank == LEAD_RANK:
+        if event.is_(StepObserved) and event.rank == LEAD_RANK:
             if after and event.step in trained:
                 detector = "rollback"
             elif after and answer and _calm(event, trained):
@@ -258,15 +274,15 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
             continue
         if detector is not None:
             pass
-        elif event.kind == "step" and skipped(event):
+        elif event.is_(StepObserved) and skipped(event):
             detector = "skipped_step"
-        elif event.kind == "step" and event.get("grads_repaired") is True:
+        elif event.is_(StepObserved) and event.get("grads_repaired") is True:
             detector = "gradient_repaired"
-        elif event.kind == "restart":
+        elif event.is_(Restart):
             detector = "restart"
-        elif event.kind == "file_load_failed":
+        elif event.is_(FileLoadFailed):
             failed.append(event)
-        elif event.kind == "file_loaded" and (event.rank, event.restart) not in took_damage:
+        elif event.is_(FileLoaded) and (event.rank, event.restart) not in took_damage:
             path = event.get("path")
             if any(f.get("path") != path for f in failed) or (
                 event.get("intact") is True and damaged and path not in damaged
@@ -298,7 +314,7 @@ def corroborated(journal: Journal, fault: Event) -> tuple[list[Detection], list[
     position = {id(e): n for n, e in enumerate(journal)}
     steps_by_rank: dict[int, list[int]] = {}
     for n, e in enumerate(journal):
-        if e.kind == "step":
+        if e.is_(StepObserved):
             steps_by_rank.setdefault(e.rank, []).append(n)
     counted: list[Detection] = []
     words: list[Detection] = []

@@ -34,6 +34,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from faults.registry import kinds as registered_kinds
+from harness.records.events import (
+    CheckpointLoaded,
+    CheckpointRejected,
+    FaultInjected,
+    FaultSkipped,
+    RunStart,
+    StepObserved,
+)
 from harness.records.journal import Event, Journal
 from harness.records.timeline import (
     BOUNDARY_KINDS,
@@ -176,14 +184,14 @@ def _quantile(ordered: list[float], q: float) -> float:
 def executions(journal: Journal) -> list[Execution]:
     """Rank 0's step attempts in journal order, each with its time and whether it is kept."""
     lead = [e for e in journal if e.rank == LEAD_RANK]
-    last = {e.step: n for n, e in enumerate(lead) if e.kind == "step"}
+    last = {e.step: n for n, e in enumerate(lead) if e.is_(StepObserved)}
     found: list[Execution] = []
     since: Event | None = None
     for n, event in enumerate(lead):
-        if event.kind == "run_start":
+        if event.is_(RunStart):
             since = event
             continue
-        if event.kind == "step":
+        if event.is_(StepObserved):
             same = since is not None and since.restart == event.restart
             seconds = max(0.0, event.wall - since.wall) if same and since is not None else 0.0
             tokens = event.get("tokens")
@@ -226,7 +234,7 @@ def _skipped(journal: Journal, injected: set[int]) -> dict[str, int]:
     """Faults of the plan that found nothing to act on, by kind, once per plan fault and
     only when it acted nowhere else (not on another rank, nor at another of its steps)."""
     seen: dict[object, str] = {}
-    for e in journal.of_kind("fault_skipped"):
+    for e in journal.of_kind(FaultSkipped):
         details = e.get("details")
         index = details.get("plan_index") if isinstance(details, dict) else None
         if index in injected:
@@ -261,7 +269,7 @@ def incidents(journal: Journal, start: float) -> list[Incident]:
     events = list(journal)
     firsts: dict[object, int] = {}
     for n, e in enumerate(events):
-        if e.kind != "fault_injected":
+        if not e.is_(FaultInjected):
             continue
         details = e.get("details")
         index = details.get("plan_index") if isinstance(details, dict) else None
@@ -314,7 +322,7 @@ def _reached(fault: Event, after: list[Event]) -> bool:
         if e.kind not in LOAD_KINDS or not isinstance(path, str):
             continue
         loaded = Path(path)
-        folder = loaded if e.kind in ("checkpoint_loaded", "checkpoint_rejected") else loaded.parent
+        folder = loaded if e.is_(CheckpointLoaded, CheckpointRejected) else loaded.parent
         if any(d == folder or folder in d.parents or d.parent == folder.parent for d in damaged):
             return True
     return False

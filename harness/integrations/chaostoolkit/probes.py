@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.records.events import StepObserved
 from harness.records.journal import Journal, json_safe, read_journal
 from harness.records.status import job_status
 from harness.records.timeline import corroborated, faults
@@ -41,7 +42,7 @@ def run_status(run_dir: str) -> dict[str, Any]:
 def _latest_steps(journal: Journal) -> list[Any]:
     """The last step event of every rank."""
     latest = {}
-    for event in journal.of_kind("step"):
+    for event in journal.of_kind(StepObserved):
         latest[event.rank] = event
     return list(latest.values())
 
