@@ -15,8 +15,14 @@ from pathlib import Path
 import pytest
 
 from harness.errors import JournalError
+from harness.records.events import CheckpointSaved, Detected, StepObserved
 from harness.records.journal import JournalWriter, TornLineWarning, read_journal
-from harness.records.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION
+from harness.records.journal_schema import (
+    COMMON_FIELDS,
+    EVENT_KINDS,
+    SCHEMA_VERSION,
+    kinds_markdown,
+)
 from harness.run_layout import RunLayout
 
 from .conftest import ROOT
@@ -177,3 +183,40 @@ def test_docs_describe_every_kind_and_field() -> None:
         body = section[1].split("### ", 1)[0]
         for name in fields:
             assert f"`{name}`" in body, f"docs/journal.md: {kind} does not describe {name}"
+
+
+def test_docs_kind_sections_are_written_from_the_events() -> None:
+    doc = (ROOT / "docs" / "journal.md").read_text()
+    assert kinds_markdown() in doc, "docs/journal.md: paste kinds_markdown() over its kinds"
+
+
+def test_events_read_back_typed(tmp_path: Path) -> None:
+    with JournalWriter(tmp_path, rank=0) as w:
+        w.emit("step", 1, loss=2.5, lr=0.1, skipped=False)
+        w.emit("detected", 1, detector="nonfinite_guard")
+        w.emit("checkpoint_saved", 1, path="ckpt/step-1", bytes=7)
+    journal = read_journal(tmp_path)
+    step, detected, saved = journal
+    assert step.is_(StepObserved) and not step.is_(Detected)
+    assert detected.is_(StepObserved, Detected)
+    assert journal.of_kind(CheckpointSaved) == journal.of_kind("checkpoint_saved") == [saved]
+    typed = step.as_(StepObserved)
+    assert typed == StepObserved(loss=2.5, lr=0.1, skipped=False) and typed.loss == 2.5
+    assert detected.as_(Detected) == Detected(detector="nonfinite_guard")
+    assert step.as_(Detected) is None  # another kind
+
+
+def test_odd_evidence_is_not_typed_but_stays_readable(tmp_path: Path) -> None:
+    path = RunLayout(tmp_path).journal_file(0)
+    path.parent.mkdir(parents=True)
+    common = {"v": SCHEMA_VERSION, "wall": 1.0, "mono": 1.0, "rank": 0, "restart": 0, "step": 3}
+    lines = [
+        common | {"kind": "step", "loss": "high"},  # a wrong type
+        common | {"kind": "step", "loss": 1.0, "mood": "ok"},  # a field no schema has
+        common | {"kind": "checkpoint_saved", "bytes": 3},  # a required field missing
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    wrong, unknown, missing = read_journal(tmp_path)
+    assert wrong.as_(StepObserved) is None and wrong.get("loss") == "high"
+    assert unknown.as_(StepObserved) is None and unknown.get("mood") == "ok"
+    assert missing.as_(CheckpointSaved) is None and missing.get("bytes") == 3

@@ -20,9 +20,9 @@ from harness.oracles import (
 )
 from harness.oracles.base import rounded
 from harness.oracles.detection import DetectedExpect
-from harness.oracles.timeline import corroborated, faults
 from harness.oracles.verdict import Evidence
 from harness.records.journal import Journal
+from harness.records.timeline import corroborated, faults
 from harness.suites.scenario import Expect
 
 from .oracle_runs import TARGET, Run, clean_run, nan_grad_run
@@ -365,7 +365,7 @@ def test_every_expect_field_has_its_oracle() -> None:
 def test_build_oracles_follows_the_checks_asked_for() -> None:
     expect = Expect(
         max_false_alarms=0,
-        detected=DetectedExpect(within_steps=3, detector=["a", "b"]),
+        detected=DetectedExpect(within_steps=3, detector=["nonfinite_guard", "rollback"]),
         completed=True,
         params_finite=False,
     )
@@ -375,7 +375,7 @@ def test_build_oracles_follows_the_checks_asked_for() -> None:
         == expect.checks()
         == ["detected", "completed", "max_false_alarms"]
     )
-    assert oracles[0] == DetectedOracle(within_steps=3, detectors=("a", "b"))
+    assert oracles[0] == DetectedOracle(within_steps=3, detectors=("nonfinite_guard", "rollback"))
     assert oracles[2] == FalseAlarmsOracle(bound=0)
 
 

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from faults import kinds
 from harness.errors import TightropeError
+from harness.records.detectors import check_detectors
+from harness.records.events import Detected
 from harness.records.journal_schema import EVENT_KINDS, field_spec
 from harness.run_layout import RunLayout
 
@@ -111,6 +113,8 @@ def parse_evidence(text: str) -> Evidence:
         if field_spec(kind, name) is None:
             raise ValueError(f"{text!r}: events of kind {kind!r} have no field {name!r}")
     match = (found["key"], found["value"]) if found["key"] else None
+    if kind == Detected.kind and match is not None and match[0] == "detector":
+        check_detectors(match[1])
     return Evidence("journal", kind, path=path, match=match, text=text)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.records.events import Diagnosed
 from harness.records.journal import Event, Journal
 from harness.records.microscope_file import LOG_EDGES, N_BINS, Microscope, RankSeries
 
@@ -214,7 +215,7 @@ def describe(event: Event) -> str:
         "checkpoint_rejected": "path",
     }.get(event.kind)
     head = f"**{event.kind}**"
-    if event.kind == "diagnosed":
+    if event.is_(Diagnosed):
         main = "layers"
         layers = ", ".join(str(x) for x in event.get("layers") or []) or "no single layer"
         head += f" `{layers}`"

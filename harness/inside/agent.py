@@ -57,6 +57,7 @@ from harness.inside.step_evidence import grads_finite, params_fingerprint, param
 from harness.records.events import (
     Claim,
     DataWeightsObserved,
+    Detected,
     FileLoaded,
     FileLoadFailed,
     FileSaved,
@@ -308,7 +309,7 @@ class Agent:
         """Journal something the trainer reports about itself (detected, recovered, ...),
         at the current step unless ``step`` says otherwise."""
         self.journal.emit(claim.kind, self.step if step is None else step, **claim.fields())
-        if claim.kind == "detected":
+        if isinstance(claim, Detected):
             self._look(lambda m: m.mark_anomaly())
 
     def name_layers(self, layer_of: Callable[[str], str]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from faults import FaultPlan, FaultSpec, FaultSpecError, Injector, build_injector
 from harness.inside.process_group import broadcast_text
+from harness.records.events import FaultInjected, FaultSkipped
 
 
 class FaultSchedule:
@@ -75,7 +76,7 @@ class FaultSchedule:
         for event in events:
             details = event.get("details", {})
             index = details.get("plan_index")
-            fault = event.kind in ("fault_injected", "fault_skipped")
+            fault = event.is_(FaultInjected, FaultSkipped)
             if fault and event.rank == self.rank and index is not None:
                 self.fired.add((int(index), event.step))
                 if (trigger := details.get("trigger_step")) is not None:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from harness.inside.landing import landing
+from harness.records.events import FileSaved
 from harness.records.journal import read_journal_file
 from harness.run_layout import RunLayout
 
@@ -313,6 +314,6 @@ def read_saves(run_dir: Path) -> list[SavedFile]:
     for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
         for event in read_journal_file(path, warn=False):
             where, sha = event.get("path"), event.get("sha256")
-            if event.kind == "file_saved" and isinstance(where, str) and isinstance(sha, str):
+            if event.is_(FileSaved) and isinstance(where, str) and isinstance(sha, str):
                 saves.append(SavedFile(event.wall, where, sha, event.step))
     return saves

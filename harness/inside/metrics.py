@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.errors import TightropeError
+from harness.records.events import CheckpointSaved, Detected, FaultInjected, Recovered, StepObserved
 from harness.records.journal import Event, JournalWriter
 from harness.run_layout import RunLayout
 
@@ -163,17 +164,17 @@ class Metrics:
         with self._lock:
             f = self._figures
             f.restarts = max(f.restarts, restart)
-            if kind == "step":
+            if kind == StepObserved.kind:
                 f.step, f.last_step_wall = step, wall
                 f.loss = _number(fields.get("loss"))
                 f.loss_scale = _number(fields.get("loss_scale"))
-            elif kind == "fault_injected":
+            elif kind == FaultInjected.kind:
                 _count(f.faults, str(fields.get("fault")))
-            elif kind == "detected":
+            elif kind == Detected.kind:
                 _count(f.detections, str(fields.get("detector")))
-            elif kind == "recovered":
+            elif kind == Recovered.kind:
                 _count(f.recoveries, str(fields.get("action")))
-            elif kind == "checkpoint_saved":
+            elif kind == CheckpointSaved.kind:
                 f.checkpoints += 1
 
     # -- out -------------------------------------------------------------------------

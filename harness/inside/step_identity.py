@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from harness.inside.step_evidence import local
+from harness.records.events import StepObserved
 from harness.records.journal import read_journal_file
 from harness.run_layout import RunLayout
 
@@ -42,7 +43,7 @@ def earlier_batches(run_dir: Path, restart: int) -> dict[str, list[int]]:
     for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
         for event in read_journal_file(path, warn=False):
             fingerprint = event.get("batch_fingerprint")
-            if event.kind == "step" and event.restart < restart and isinstance(fingerprint, str):
+            if event.is_(StepObserved) and event.restart < restart and isinstance(fingerprint, str):
                 found.setdefault(fingerprint, []).append(event.step)
     return found
 

@@ -27,6 +27,14 @@ from typing import Any
 
 from faults.input_limits import read_json
 from harness.errors import JournalError
+from harness.records.events import (
+    CommandAnswered,
+    FaultInjected,
+    LayerStatsObserved,
+    RunEnd,
+    RunStart,
+    StepObserved,
+)
 from harness.records.journal import Event, Journal, decode_line
 from harness.records.microscope_file import Microscope, read_microscope
 from harness.records.status import JobStatus, job_status
@@ -37,7 +45,7 @@ _FILE_PATTERN = re.compile(r"rank-(\d+)\.jsonl")
 #: Recent losses kept for the sparkline, and step times for the median.
 WINDOW = 60
 #: Kinds `job_status` reads; every other kind is folded into the running state and dropped.
-_STATUS_KINDS = frozenset({"run_start", "run_end", "fault_injected", "command"})
+_STATUS_KINDS = frozenset(e.kind for e in (RunStart, RunEnd, FaultInjected, CommandAnswered))
 #: Per-layer history kept from `layer_stats` events (the fallback without a microscope).
 LAYER_HISTORY = 200
 #: The largest heartbeat file read (a job writes a few dozen bytes).
@@ -187,23 +195,23 @@ class WatchReader:
         state.last_wall = (
             event.wall if state.last_wall is None else max(state.last_wall, event.wall)
         )
-        if event.kind == "step":
+        if event.is_(StepObserved):
             state.last_step = event
             loss = event.get("loss")
             state.losses.append((event.step, float(loss) if loss is not None else math.nan))
             state.step_walls.append(event.wall)
             if isinstance(event.get("step_time"), (int, float)):
                 state.step_times.append(float(event["step_time"]))
-        elif event.kind == "layer_stats":
+        elif event.is_(LayerStatsObserved):
             self.layer_stats_step[event.rank] = event.step
             for name, signals in (event.get("layers") or {}).items():
                 value = signals.get("grad_norm") if isinstance(signals, dict) else None
                 key = (event.rank, str(name))
                 history = self.layer_history.setdefault(key, deque(maxlen=LAYER_HISTORY))
                 history.append(math.nan if value is None else float(value))  # null: not finite
-        if event.kind == "run_start":
+        if event.is_(RunStart):
             state.started, state.ended = event.wall, None
-        elif event.kind == "run_end":
+        elif event.is_(RunEnd):
             state.ended = event
         if event.kind in _STATUS_KINDS:
             self._status_events.append(event)

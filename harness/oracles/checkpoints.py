@@ -13,9 +13,10 @@ from typing import Literal
 from harness.oracles.base import ExpectOracle
 from harness.oracles.expectation import Expectation
 from harness.oracles.manifests import CheckpointState, inspect_checkpoint
-from harness.oracles.timeline import damaged_paths, faults, plural
 from harness.oracles.verdict import Check, Evidence
+from harness.records.events import CheckpointLoaded, CheckpointSaved, FileLoaded, FileLoadFailed
 from harness.records.journal import Event
+from harness.records.timeline import damaged_paths, faults, plural
 from harness.run_layout import RunLayout
 
 #: Corrupt loads named one by one in the detail; the rest are counted.
@@ -85,11 +86,11 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
         """Count of loads of a checkpoint that was damaged before it was loaded."""
         journal = evidence.journal
         hits = [(f, damaged_paths(f)) for f in faults(journal)]
-        saves = journal.of_kind("checkpoint_saved")
+        saves = journal.of_kind(CheckpointSaved)
         states: dict[Path, CheckpointState] = {}
         corrupt: list[str] = []
         unverifiable = 0
-        loads = journal.of_kind("checkpoint_loaded")
+        loads = journal.of_kind(CheckpointLoaded)
         for event in loads:
             raw = event.get("path")
             if not isinstance(raw, str) or not raw:
@@ -105,7 +106,7 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
             elif verdict == "corrupt":
                 corrupt.append(f"{Path(raw).name} ({why})")
         # Loads the agent observed itself: the bytes loaded against the bytes saved.
-        observed = journal.of_kind("file_loaded")
+        observed = journal.of_kind(FileLoaded)
         for event in observed:
             intact = event.get("intact")
             if intact is False:
@@ -117,7 +118,7 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
                 unverifiable += 1  # a file the run never saved: nothing to compare with
         # A load that raised put nothing in the model: a refusal, verified by the trainer's
         # own check (safetensors' header, the zip reader), and no corrupt load.
-        refused = journal.of_kind("file_load_failed")
+        refused = journal.of_kind(FileLoadFailed)
         loads = [*loads, *observed, *refused]
         expected = "0 corrupt loads"
         if not loads:

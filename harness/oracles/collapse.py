@@ -30,6 +30,7 @@ from harness.oracles.checkpoints import locate
 from harness.oracles.expectation import Expectation, ExpectModel
 from harness.oracles.manifests import MANIFEST, sha256_file
 from harness.oracles.verdict import Check, Evidence
+from harness.records.events import CheckpointSaved, FileSaved
 from harness.records.journal import Journal
 from harness.run_layout import RunLayout
 
@@ -108,7 +109,7 @@ def provenance_problem(samples: Samples, journal: Journal, run_dir: Path | None)
     """Why ``samples`` are not known to come from the last checkpoint ``journal`` recorded
     ("" when they are); with ``run_dir``, the manifest on disk must still match too."""
     if samples.manifest_sha256 is not None:
-        saves = [e for e in journal.of_kind("checkpoint_saved") if e.rank == 0]
+        saves = [e for e in journal.of_kind(CheckpointSaved) if e.rank == 0]
         if not saves:
             return "the journal records no checkpoint_saved event to match them with"
         last = saves[-1]
@@ -130,7 +131,7 @@ def provenance_problem(samples: Samples, journal: Journal, run_dir: Path | None)
                 return f"{manifest} no longer hashes to the digest journaled at its save"
         return ""
     if samples.file_sha256 is not None:
-        saves = journal.of_kind("file_saved")
+        saves = journal.of_kind(FileSaved)
         if not saves:
             return "the journal records no file_saved event to match them with"
         last_hash = _digest(saves[-1].get("sha256"))

@@ -10,6 +10,7 @@ from pydantic import Field
 from harness.oracles.base import ExpectOracle
 from harness.oracles.expectation import Expectation
 from harness.oracles.verdict import Check, Evidence
+from harness.records.events import StepObserved
 
 
 def _count(value: Any) -> int:
@@ -60,7 +61,7 @@ class ContaminationOracle(ExpectOracle):
         expected = f"<= {self.bound} docs"
         field = "contaminated_docs" if self.kind is None else "contaminated_kinds"
         # Every attempt counts: a document trained on before a rollback was still consumed.
-        steps = evidence.journal.of_kind("step")
+        steps = evidence.journal.of_kind(StepObserved)
         reported = [n for n in map(self._consumed, steps) if n is not None]
         if not reported:
             what = f"no step reports {field}" if steps else "no step was reported"

@@ -1,9 +1,9 @@
 """Was the fault seen, how soon, and does the fault-free run cry wolf?
 
-Detection is judged from what the run did (`harness.oracles.timeline.responses`): the
+Detection is judged from what the run did (`harness.records.timeline.responses`): the
 faulted step skipped, a rollback, a restart, a damaged file refused. A trainer's own
 claims (``detected`` events) count only when the response that answers the same fault
-backs them (`harness.oracles.timeline.corroborated`)."""
+backs them (`harness.records.timeline.corroborated`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from pydantic import Field
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.expectation import Expectation, ExpectModel
-from harness.oracles.timeline import NO_FAULT, corroborated, detections, first_fault, plural
 from harness.oracles.verdict import Check, Evidence
+from harness.records.events import StepObserved
+from harness.records.timeline import NO_FAULT, corroborated, detections, first_fault, plural
 
 
 class DetectedExpect(ExpectModel):
@@ -150,7 +151,7 @@ class FalseAlarmsOracle(ExpectOracle):
                 unit="",
                 expected=expected,
             )
-        if not evidence.baseline.of_kind("step"):
+        if not evidence.baseline.of_kind(StepObserved):
             # A baseline that never trained raised no alarm because it never ran.
             return self.not_judged(
                 "the fault-free baseline run reported no step, so it shows no false alarms "

@@ -11,6 +11,7 @@ from harness.oracles.base import ExpectOracle
 from harness.oracles.data import _count
 from harness.oracles.expectation import Expectation
 from harness.oracles.verdict import Check, Evidence
+from harness.records.events import StepObserved
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class FallbackRateOracle(ExpectOracle):
         """Fallback tokens over batch tokens, summed over every step of every rank and
         attempt (the trainer counts them on the token ids of each batch it trains on)."""
         expected = f"<= {self.bound:g}"
-        steps = evidence.journal.of_kind("step")
+        steps = evidence.journal.of_kind(StepObserved)
         # Every attempt counts: a batch trained on before a rollback still reached the model.
         reported = [
             e for e in steps if "fallback_tokens" in e.fields and "batch_tokens" in e.fields

@@ -12,7 +12,10 @@ from pydantic import Field
 from harness.oracles.base import ExpectOracle
 from harness.oracles.expectation import Expectation, ExpectModel
 from harness.oracles.recovery import step_conflict
-from harness.oracles.timeline import (
+from harness.oracles.verdict import Check, Evidence
+from harness.records.events import RunEnd, RunStart, StepObserved
+from harness.records.journal import Event, Journal
+from harness.records.timeline import (
     LEAD_RANK,
     NO_FAULT,
     as_float,
@@ -24,8 +27,6 @@ from harness.oracles.timeline import (
     skipped,
     surviving_losses,
 )
-from harness.oracles.verdict import Check, Evidence
-from harness.records.journal import Event, Journal
 
 #: Steps averaged for a run's final loss: one step's loss is too noisy to compare.
 FINAL_WINDOW = 5
@@ -47,7 +48,7 @@ class ParamsFiniteOracle(ExpectOracle):
 
     def observed(self, journal: Journal) -> list[Event]:
         """Every step's check, and the attached agent's last look in run_end."""
-        return [e for e in journal.of_kind("step", "run_end") if "params_finite" in e.fields]
+        return [e for e in journal.of_kind(StepObserved, RunEnd) if "params_finite" in e.fields]
 
     def judge(self, evidence: Evidence) -> Check:
         """Count of observations of non-finite parameters and of last steps that applied a
@@ -115,11 +116,11 @@ class KeptParamsFiniteOracle(ParamsFiniteOracle):
     def observed(self, journal: Journal) -> list[Event]:
         """The checks of each rank's surviving step attempts, and each rank's last run_end."""
         kept = {id(e) for rank in journal.ranks for e in journal.steps(rank).values()}
-        ends = {e.rank: e for e in journal.of_kind("run_end")}
+        ends = {e.rank: e for e in journal.of_kind(RunEnd)}
         return [
             e
             for e in super().observed(journal)
-            if id(e) in kept or (e.kind == "run_end" and ends.get(e.rank) is e)
+            if id(e) in kept or (e.is_(RunEnd) and ends.get(e.rank) is e)
         ]
 
 
@@ -183,12 +184,12 @@ class CompletedOracle(ExpectOracle):
 def _unfinished_ranks(attempt: list[Event]) -> list[str]:
     """What keeps the ranks of one attempt from counting as completed."""
     ranks = {e.rank for e in attempt}
-    for start in (e for e in attempt if e.kind == "run_start"):
+    for start in (e for e in attempt if e.is_(RunStart)):
         size = start.get("world_size")
         if isinstance(size, int) and not isinstance(size, bool):
             # A rank that died before writing anything still belonged to the job.
             ranks |= set(range(size))
-    ends = {e.rank: e for e in attempt if e.kind == "run_end"}
+    ends = {e.rank: e for e in attempt if e.is_(RunEnd)}
     problems = []
     for rank in sorted(ranks):
         end = ends.get(rank)

@@ -9,18 +9,23 @@ from pydantic import Field, model_validator
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.expectation import Expectation, ExpectModel
-from harness.oracles.timeline import LEAD_RANK, NO_FAULT, good, lead_steps, plural, skipped
 from harness.oracles.verdict import Check, Evidence
-from harness.records.journal import Event, Journal
-
-#: Events that belong to an incident still being handled (besides skipped steps).
-INCIDENT_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
+from harness.records.events import FaultInjected, StepObserved
+from harness.records.journal import Journal
+from harness.records.timeline import (
+    LEAD_RANK,
+    NO_FAULT,
+    lead_steps,
+    plural,
+    recovery,
+    skipped,
+)
 
 
 def step_conflict(journal: Journal) -> str | None:
     """Why step numbers cannot be trusted, when a resumed process's evidence disagreed
     (its first batch trained after the step of the save it loaded); else None."""
-    for event in journal.of_kind("step"):
+    for event in journal.of_kind(StepObserved):
         conflict = event.get("step_conflict")
         if isinstance(conflict, dict):
             return (
@@ -125,24 +130,20 @@ class MttrOracle(ExpectOracle):
 
     def judge(self, evidence: Evidence) -> Check:
         """Seconds (and steps) from the first fault to the first good step after the
-        incident's last recovery event or skipped step."""
+        incident's last recovery event or skipped step (`harness.records.timeline.recovery`)."""
         expected = self._expected()
         journal = list(evidence.journal)
-        start = next((i for i, e in enumerate(journal) if e.kind == "fault_injected"), None)
+        start = next((i for i, e in enumerate(journal) if e.is_(FaultInjected)), None)
         if start is None:
             return self.not_judged(
                 f"{NO_FAULT}, so there was nothing to recover from", unit="s", expected=expected
             )
         # Positions in the merged journal order events by wall time across ranks and keep
         # each rank's own order where two events share a timestamp.
-        fault, after = journal[start], journal[start:]
-        incident = [i for i, e in enumerate(after) if _incident(e)]
-        end = incident[-1] if incident else 0
-        recovery = next(
-            (i for i, e in enumerate(after) if i > end and _lead_step(e) and good(e)), None
-        )
-        if recovery is None:
-            last = after[end]
+        found = recovery(journal, start, past_fault=False)
+        fault, point = found.fault, found.back
+        if point is None or found.seconds is None or found.steps is None:
+            last = found.last_sign
             return self.verdict(
                 False,
                 None,
@@ -152,9 +153,7 @@ class MttrOracle(ExpectOracle):
                 f"{last.kind} at step {last.step}",
                 fault_step=fault.step,
             )
-        point = after[recovery]
-        seconds = max(0.0, point.wall - fault.wall)
-        steps = max(0, sum(1 for e in after[: recovery + 1] if _lead_step(e)) - 1)
+        seconds, steps = found.seconds, found.steps
         over = []
         if self.max_steps is not None and steps > self.max_steps:
             over.append(f"{plural(steps, 'step')} > {self.max_steps}")
@@ -176,12 +175,3 @@ class MttrOracle(ExpectOracle):
             fault_step=fault.step,
             recovered_at_step=point.step,
         )
-
-
-def _lead_step(event: Event) -> bool:
-    return event.kind == "step" and event.rank == LEAD_RANK
-
-
-def _incident(event: Event) -> bool:
-    """True for an event that shows the incident is still being handled."""
-    return event.kind in INCIDENT_KINDS or (_lead_step(event) and skipped(event))

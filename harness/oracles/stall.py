@@ -10,8 +10,8 @@ from pydantic import Field
 
 from harness.oracles.base import ExpectOracle
 from harness.oracles.expectation import Expectation
-from harness.oracles.timeline import LEAD_RANK, lead_steps
 from harness.oracles.verdict import Check, Evidence
+from harness.records.timeline import LEAD_RANK, lead_steps
 
 
 @dataclass(frozen=True)

@@ -22,16 +22,21 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from faults.input_limits import InputLimitError, load_json, read_bytes
 from harness.errors import JournalError
+from harness.records.event_base import Reported
+from harness.records.events import StepObserved
 from harness.records.journal_schema import COMMON_FIELDS, EVENT_KINDS, SCHEMA_VERSION, field_spec
 from harness.run_layout import RunLayout
 
 _FILE_PATTERN = re.compile(r"rank-(\d+)\.jsonl")
 #: How a non-finite float is written, and read back.
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+R = TypeVar("R", bound=Reported)
 
 
 class TornLineWarning(UserWarning):
@@ -149,6 +154,28 @@ class Event:
     def __getitem__(self, name: str) -> Any:
         return self.fields[name]
 
+    def is_(self, *events: type[Reported]) -> bool:
+        """True when this is an event of one of those kinds: ``e.is_(StepObserved)``."""
+        if len(events) == 1:  # the common case, on every event of long journals
+            return self.kind == events[0].kind
+        return any(self.kind == event.kind for event in events)
+
+    def as_(self, event: type[R]) -> R | None:
+        """This event as ``event``'s dataclass: None when it is of another kind, or when
+        its fields do not fit the schema (a required one missing, an unknown one, a wrong
+        type). Such odd evidence stays readable field by field through `get`."""
+        if self.kind != event.kind or not _fits(self.kind, self.fields):
+            return None
+        return event(**self.fields)
+
+
+def _fits(kind: str, fields: Mapping[str, Any]) -> bool:
+    """True when ``fields`` are what the schema says an event of ``kind`` holds."""
+    specs = EVENT_KINDS[kind][1]
+    return all(n in specs and specs[n].accepts(v) for n, v in fields.items()) and all(
+        n in fields for n, s in specs.items() if s.required
+    )
+
 
 def decode_line(raw: str, path: Path, lineno: int) -> Event:
     """One journal line as an event (raises ValueError or JournalError for a bad one)."""
@@ -255,14 +282,15 @@ class Journal(Sequence[Event]):
         """Ranks that wrote at least one event."""
         return sorted({e.rank for e in self._events})
 
-    def of_kind(self, *kinds: str) -> list[Event]:
-        """Events of the given kinds, in order."""
-        return [e for e in self._events if e.kind in kinds]
+    def of_kind(self, *kinds: str | type[Reported]) -> list[Event]:
+        """Events of the given kinds (names, or their event classes), in order."""
+        names = {k if isinstance(k, str) else k.kind for k in kinds}
+        return [e for e in self._events if e.kind in names]
 
     def steps(self, rank: int = 0) -> dict[int, Event]:
         """The `step` events of one rank by step; a step redone after a restart keeps the
         last attempt, which is the one the run's final state descends from."""
-        return {e.step: e for e in self._events if e.kind == "step" and e.rank == rank}
+        return {e.step: e for e in self._events if e.is_(StepObserved) and e.rank == rank}
 
     def losses(self, rank: int = 0) -> list[float]:
         """Loss per step for one rank, in step order (the surviving attempt of each step)."""

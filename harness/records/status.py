@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.records.events import CommandAnswered, FaultInjected, RunEnd, RunStart, StepObserved
 from harness.records.journal import Journal
 
 
@@ -49,19 +50,19 @@ class JobStatus:
 
 def job_status(journal: Journal) -> JobStatus:
     """Step and loss of the furthest rank, commands armed but not yet fired, faults fired."""
-    steps = journal.of_kind("step")
+    steps = journal.of_kind(StepObserved)
     last = steps[-1] if steps else None
-    starts, ends = journal.of_kind("run_start"), journal.of_kind("run_end")
+    starts, ends = journal.of_kind(RunStart), journal.of_kind(RunEnd)
     running = bool(starts) and (not ends or ends[-1].wall < starts[-1].wall)
     fired = [
         Fired(fault=e["fault"], step=e.step, rank=e.rank, target=e.get("target", ""))
-        for e in journal.of_kind("fault_injected")
+        for e in journal.of_kind(FaultInjected)
     ]
     fired_at = {(f.fault, f.step) for f in fired}
     armed: list[Armed] = []
     rejected: list[Refused] = []
     seen: set[str] = set()
-    for e in journal.of_kind("command"):
+    for e in journal.of_kind(CommandAnswered):
         if e["id"] in seen:  # every rank journals an accepted command; list it once
             continue
         seen.add(e["id"])

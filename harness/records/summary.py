@@ -14,8 +14,9 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from harness.oracles.timeline import LEAD_RANK, as_float, finite, skipped
+from harness.records.events import CheckpointLoaded, CheckpointSaved, RunEnd, RunStart, StepObserved
 from harness.records.journal import Event, Journal
+from harness.records.timeline import LEAD_RANK, as_float, finite, skipped
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,7 @@ def _plural(count: int, noun: str) -> str:
 def _last_attempt(events: list[Event], restart: int) -> list[Event]:
     """One rank's events of the attempt ``restart``, from its last ``run_start`` on."""
     attempt = [e for e in events if e.restart == restart]
-    starts = [i for i, e in enumerate(attempt) if e.kind == "run_start"]
+    starts = [i for i, e in enumerate(attempt) if e.is_(RunStart)]
     return attempt[starts[-1] :] if starts else attempt
 
 
@@ -127,7 +128,7 @@ def _nonfinite_since(journal: Journal) -> int | None:
     run ended with non-finite weights. So does a trailing stretch of non-finite losses
     whose updates were applied (not skipped) with no later observation of finite weights.
     """
-    steps = [e for e in journal if e.kind == "step"]
+    steps = [e for e in journal if e.is_(StepObserved)]
     observed = [e for e in steps if "params_finite" in e.fields]
     last_true = max(
         (i for i, e in enumerate(observed) if e.get("params_finite") is True), default=-1
@@ -152,13 +153,13 @@ def summarize(journal: Journal) -> RunSummary:
     ranks = journal.ranks
     lead = LEAD_RANK if LEAD_RANK in ranks or not ranks else ranks[0]
     own = [e for e in journal if e.rank == lead]
-    lead_steps = [e for e in own if e.kind == "step"]
+    lead_steps = [e for e in own if e.is_(StepObserved)]
     steps = journal.steps(lead)
     restarts = max((e.restart for e in journal), default=0)
     attempt = _last_attempt(own, restarts)
     highest = max(steps, default=0)
-    ends = [e for e in attempt if e.kind == "run_end"]
-    starts = [e for e in journal.of_kind("run_start") if e.get("target_steps") is not None]
+    ends = [e for e in attempt if e.is_(RunEnd)]
+    starts = [e for e in journal.of_kind(RunStart) if e.get("target_steps") is not None]
     target = starts[-1].get("target_steps") if starts else None
     times = [as_float(e.get("step_time")) for e in steps.values()]
     usable = [t for t in times if t is not None and math.isfinite(t)]
@@ -173,10 +174,10 @@ def summarize(journal: Journal) -> RunSummary:
         reason=str(ends[-1].get("reason")) if ends and ends[-1].get("reason") else None,
         steps_redone=len(lead_steps) - len(steps),
         nonfinite_since=_nonfinite_since(journal),
-        params_observed=any("params_finite" in e.fields for e in journal.of_kind("step")),
+        params_observed=any("params_finite" in e.fields for e in journal.of_kind(StepObserved)),
         loss_by_step=tuple((s, math.nan if v is None else v) for s, v in loss.items()),
         tokens=sum(int(e.get("tokens", 0) or 0) for e in steps.values()),
         median_step_time=statistics.median(usable) if usable else None,
-        checkpoints_saved=len(journal.of_kind("checkpoint_saved")),
-        checkpoints_loaded=len([e for e in journal.of_kind("checkpoint_loaded") if e.rank == lead]),
+        checkpoints_saved=len(journal.of_kind(CheckpointSaved)),
+        checkpoints_loaded=len([e for e in journal.of_kind(CheckpointLoaded) if e.rank == lead]),
     )

@@ -29,6 +29,7 @@ from harness import __version__
 from harness.errors import JournalError, TightropeError
 from harness.oracles import judge
 from harness.oracles.verdict import Evidence
+from harness.records.events import RunEnd, StepObserved
 from harness.records.journal import Journal, read_journal
 from harness.run_layout import RunLayout
 from harness.running.baseline import BaselineError, baseline_key, baseline_run, default_cache_dir
@@ -161,7 +162,7 @@ def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:
         return f"timed out: killed by the watchdog after {timeout:g} s"
     if launch.exit_code == 0:
         return None
-    ends = journal.of_kind("run_end")
+    ends = journal.of_kind(RunEnd)
     if ends and ends[-1].get("gave_up") is True:  # on purpose: a judged failure, not a crash
         return None
     return f"the trainer crashed (exit code {launch.exit_code}){attempt_errors(journal)}"
@@ -169,9 +170,9 @@ def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:
 
 def _no_steps(journal: Journal) -> str | None:
     """The error of a run in which the agent found no training step, with its reason."""
-    if journal.of_kind("step"):
+    if journal.of_kind(StepObserved):
         return None
-    why = next((str(e.get("no_steps")) for e in journal.of_kind("run_end") if e.get("no_steps")),
+    why = next((str(e.get("no_steps")) for e in journal.of_kind(RunEnd) if e.get("no_steps")),
                "no step event in the journal")  # fmt: skip
     return f"the agent found no training step: {why} (see docs/attach.md)"
 
@@ -179,7 +180,7 @@ def _no_steps(journal: Journal) -> str | None:
 def attempt_errors(journal: Journal) -> str:
     """The last error of each attempt (torchrun restarts), as ``; attempt N, rank R: ...``."""
     last: dict[int, str] = {}
-    for end in journal.of_kind("run_end"):
+    for end in journal.of_kind(RunEnd):
         if end.get("status") != "completed" and end.get("reason"):
             last[end.restart] = f"rank {end.rank}: {end.get('reason')}"
     if len(last) == 1 and set(last) == {0}:
@@ -354,7 +355,9 @@ def target_steps(spec: TrainerSpec, baseline: Journal | None) -> int:
     own steps)."""
     if spec.command is None or baseline is None:
         return spec.stop_after or spec.steps
-    return max((e.step for e in baseline if e.kind == "step" and e.rank == 0), default=spec.steps)
+    return max(
+        (e.step for e in baseline if e.is_(StepObserved) and e.rank == 0), default=spec.steps
+    )
 
 
 def _line(result: ScenarioResult) -> str:

@@ -15,13 +15,14 @@ duration as the harness timed it:
   journal gives no tokens), and its ratio to the fault-free run's rate;
 - an **incident** is one fault of the plan (its ``fault_injected`` events on any rank).
   Its outcome is ``detected`` when the run observably responded
-  (`harness.oracles.timeline.corroborated`; for a checkpoint fault, only an integrity
+  (`harness.records.timeline.corroborated`; for a checkpoint fault, only an integrity
   response, up to the next checkpoint fault), ``latent`` for a checkpoint fault whose
   damage no load reached in that time (no load of the damaged folder, or of any, for the
   ``latest`` pointer), else ``missed``. A detected fault's **time to recover** runs from the
   injection to rank 0's first good step past the fault's step after the last sign of the
   incident before the next fault (a skipped step, a restart, a rollback's load, a
-  recovery); missed and latent faults are not timed.
+  recovery; `harness.records.timeline.recovery`, the rule the `mttr` check uses too);
+  missed and latent faults are not timed.
 """
 
 from __future__ import annotations
@@ -33,17 +34,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 from faults.registry import kinds as registered_kinds
-from harness.oracles.timeline import LEAD_RANK, corroborated, damaged_paths, good, skipped
-from harness.records.journal import Event, Journal
-
-#: Events after which rank 0 is back to training: a step's time starts at the last one.
-_BOUNDARIES = frozenset(
-    {"step", "run_start", "checkpoint_saved", "checkpoint_loaded", "file_saved", "file_loaded"}
+from harness.records.events import (
+    CheckpointLoaded,
+    CheckpointRejected,
+    FaultInjected,
+    FaultSkipped,
+    RunStart,
+    StepObserved,
 )
-#: Signs that an incident is still being handled (besides skipped steps).
-_INCIDENT = frozenset({"recovered", "restart", "checkpoint_loaded", "rank_lost"})
-#: Loads that show a checkpoint was reached (to tell a latent damage from a missed one).
-_LOADS = frozenset({"file_loaded", "file_load_failed", "checkpoint_loaded", "checkpoint_rejected"})
+from harness.records.journal import Event, Journal
+from harness.records.timeline import (
+    BOUNDARY_KINDS,
+    LEAD_RANK,
+    LOAD_KINDS,
+    corroborated,
+    damaged_paths,
+    good,
+    recovery,
+)
+
 #: Most points kept of the ETTR-over-time curve.
 _CURVE_POINTS = 300
 
@@ -175,14 +184,14 @@ def _quantile(ordered: list[float], q: float) -> float:
 def executions(journal: Journal) -> list[Execution]:
     """Rank 0's step attempts in journal order, each with its time and whether it is kept."""
     lead = [e for e in journal if e.rank == LEAD_RANK]
-    last = {e.step: n for n, e in enumerate(lead) if e.kind == "step"}
+    last = {e.step: n for n, e in enumerate(lead) if e.is_(StepObserved)}
     found: list[Execution] = []
     since: Event | None = None
     for n, event in enumerate(lead):
-        if event.kind == "run_start":
+        if event.is_(RunStart):
             since = event
             continue
-        if event.kind == "step":
+        if event.is_(StepObserved):
             same = since is not None and since.restart == event.restart
             seconds = max(0.0, event.wall - since.wall) if same and since is not None else 0.0
             tokens = event.get("tokens")
@@ -196,7 +205,7 @@ def executions(journal: Journal) -> list[Execution]:
                     tokens=tokens if counted else None,
                 )
             )
-        if event.kind in _BOUNDARIES:
+        if event.kind in BOUNDARY_KINDS:
             since = event
     return found
 
@@ -225,7 +234,7 @@ def _skipped(journal: Journal, injected: set[int]) -> dict[str, int]:
     """Faults of the plan that found nothing to act on, by kind, once per plan fault and
     only when it acted nowhere else (not on another rank, nor at another of its steps)."""
     seen: dict[object, str] = {}
-    for e in journal.of_kind("fault_skipped"):
+    for e in journal.of_kind(FaultSkipped):
         details = e.get("details")
         index = details.get("plan_index") if isinstance(details, dict) else None
         if index in injected:
@@ -260,7 +269,7 @@ def incidents(journal: Journal, start: float) -> list[Incident]:
     events = list(journal)
     firsts: dict[object, int] = {}
     for n, e in enumerate(events):
-        if e.kind != "fault_injected":
+        if not e.is_(FaultInjected):
             continue
         details = e.get("details")
         index = details.get("plan_index") if isinstance(details, dict) else None
@@ -287,7 +296,8 @@ def incidents(journal: Journal, start: float) -> list[Incident]:
         mttr, back = None, None
         if outcome == "detected":
             following = order[k + 1][1] if k + 1 < len(order) else len(events)
-            mttr, back = _recovery(events, n, following)
+            timed = recovery(events, n, following)
+            mttr, back = timed.seconds, timed.back.step if timed.back is not None else None
         found.append(
             Incident(
                 index=int(key) if isinstance(key, int) else -1,
@@ -309,27 +319,10 @@ def _reached(fault: Event, after: list[Event]) -> bool:
     damaged = damaged_paths(fault, with_target=False) or damaged_paths(fault)
     for e in after:
         path = e.get("path")
-        if e.kind not in _LOADS or not isinstance(path, str):
+        if e.kind not in LOAD_KINDS or not isinstance(path, str):
             continue
         loaded = Path(path)
-        folder = loaded if e.kind in ("checkpoint_loaded", "checkpoint_rejected") else loaded.parent
+        folder = loaded if e.is_(CheckpointLoaded, CheckpointRejected) else loaded.parent
         if any(d == folder or folder in d.parents or d.parent == folder.parent for d in damaged):
             return True
     return False
-
-
-def _recovery(events: list[Event], n: int, end: int) -> tuple[float | None, int | None]:
-    """(seconds, step) of rank 0's first good step past the fault's step after the
-    incident's last sign before ``end``; (None, None) when there is none."""
-    fault = events[n]
-    signs = [
-        m
-        for m in range(n, end)
-        if events[m].kind in _INCIDENT
-        or (events[m].kind == "step" and events[m].rank == LEAD_RANK and skipped(events[m]))
-    ]
-    after = signs[-1] if signs else n
-    for e in events[after + 1 :]:
-        if e.kind == "step" and e.rank == LEAD_RANK and e.step > fault.step and good(e):
-            return max(0.0, e.wall - fault.wall), e.step
-    return None, None

@@ -36,8 +36,9 @@ from faults.plan import FaultPlan
 from faults.spec import FaultSpec
 from harness import __version__
 from harness.errors import TightropeError
-from harness.oracles.timeline import LEAD_RANK
+from harness.records.events import StepObserved
 from harness.records.journal import read_journal
+from harness.records.timeline import LEAD_RANK
 from harness.run_layout import RunLayout
 from harness.running.baseline import baseline_run, default_cache_dir
 from harness.running.progress import SuiteProgress
@@ -159,7 +160,7 @@ def calibrate(options: SoakOptions) -> tuple[int, float]:
     spec = _trainer(options, steps, 0, 600.0)
     run_dir = baseline_run(spec, options.cache_dir, use_cache=options.use_cache, stop=options.stop)
     journal = read_journal(run_dir, warn=False)
-    lead = [e for e in journal if e.kind == "step" and e.rank == LEAD_RANK]
+    lead = [e for e in journal if e.is_(StepObserved) and e.rank == LEAD_RANK]
     if len(lead) < 10:
         raise SoakError(f"the calibration run reported {len(lead)} steps; see {run_dir}")
     done = json.loads(RunLayout(run_dir).baseline_done.read_text())

@@ -29,6 +29,7 @@ from harness.data_mixes import DATA_MIXES
 from harness.mechanisms import MECHANISMS, OPT_IN
 from harness.optimizers import OPTIMIZERS
 from harness.oracles import ORACLES
+from harness.records.detectors import check_detectors
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
 #: mechanism on, and the same trainer with all of them off (the negative control).
@@ -370,6 +371,14 @@ class Scenario(_Model):
         for name in self.expect.checks():
             if ORACLES[name].expectation.needs_fault and not self.faults:
                 raise ValueError(f"expect.{name} needs a fault to detect; faults is empty")
+        detected = self.expect.detected
+        # The reference trainer's detectors are known; a command trainer may claim its own
+        # (`harness.claim`), so only the reference trainer's names are checked.
+        if detected is not None and detected.detector is not None and self.trainer.command is None:
+            try:
+                check_detectors(detected.detector)
+            except ValueError as exc:
+                raise ValueError(f"expect.detected.detector: {exc}") from None
         return self
 
     def _check_node(self, i: int, fault: FaultSpec) -> None:

@@ -25,8 +25,9 @@ from typing import Any
 from harness import __version__
 from harness.errors import JournalError
 from harness.oracles.health import final_loss
-from harness.oracles.timeline import surviving_losses
+from harness.records.events import StepObserved
 from harness.records.journal import json_safe, read_journal
+from harness.records.timeline import surviving_losses
 from harness.running.baseline import default_cache_dir, scenario_key
 from harness.running.launch import check_command
 from harness.running.progress import SuiteProgress
@@ -117,7 +118,7 @@ def figures(run_dir: Path, result: ScenarioResult) -> tuple[float | None, int | 
         journal = read_journal(run_dir, warn=False)
     except JournalError:
         return None, None
-    if not journal.of_kind("step"):
+    if not journal.of_kind(StepObserved):
         return None, None
     loss = final_loss(surviving_losses(journal))
     return loss, measure(journal, result.run_seconds or 0.0).steps_lost

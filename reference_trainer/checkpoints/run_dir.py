@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from harness.errors import TightropeError
+from harness.records.events import RunEnd, RunStart, StepObserved
 from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
 from reference_trainer.checkpoints.files import complete_checkpoints, read_run_id
@@ -50,7 +51,7 @@ def _trained(run_dir: Path) -> bool:
         journal = read_journal(run_dir, warn=False)
     except TightropeError:
         return True
-    return bool(journal.of_kind("step"))
+    return bool(journal.of_kind(StepObserved))
 
 
 def unfinished_start(run_dir: Path) -> str | None:
@@ -143,6 +144,6 @@ def lost_ranks(run_dir: Path, attempt: int) -> list[int]:
     """Ranks whose process in ``attempt`` started but never ended on its own (killed)."""
     # (a killed writer leaves a torn last line)
     events = [e for e in read_journal(run_dir, warn=False) if e.restart == attempt]
-    started = {e.rank for e in events if e.kind == "run_start"}
-    ended = {e.rank for e in events if e.kind == "run_end"}
+    started = {e.rank for e in events if e.is_(RunStart)}
+    ended = {e.rank for e in events if e.is_(RunEnd)}
     return sorted(started - ended)

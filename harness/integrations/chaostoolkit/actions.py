@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from harness.errors import JournalError, TightropeError
 from harness.live.control import ControlError, send, wait_for_answer
+from harness.records.events import StepObserved
 from harness.records.journal import Event, read_journal
 from harness.run_layout import RunLayout
 from harness.running import background
@@ -86,7 +87,7 @@ def start_training(
     while time.monotonic() < deadline:
         # Only this job's steps: a reused run directory holds an earlier run's journal.
         events = _journal_or_none(layout.root)
-        trained = [e.step for e in events if e.kind == "step" and e.wall >= record.started]
+        trained = [e.step for e in events if e.is_(StepObserved) and e.wall >= record.started]
         if trained:
             return {"run_dir": str(layout.root), "pid": record.pid, "step": max(trained)}
         code = background.exit_code(record)  # this process started it: it can tell

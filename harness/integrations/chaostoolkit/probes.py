@@ -2,7 +2,7 @@
 
 Every answer is read from evidence: the journal's observed steps (the agent's, not the
 trainer's word), the faults it journaled as injected, the responses the oracles accept as
-detection (`harness.oracles.timeline.corroborated`), and a saved ``scorecard.json``.
+detection (`harness.records.timeline.corroborated`), and a saved ``scorecard.json``.
 Results are plain JSON for the experiment's journal; booleans and numbers suit a steady-state
 hypothesis's tolerance (``true``, ``0``, ``{"type": "range", "range": [90, 100]}``).
 """
@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.oracles.timeline import corroborated, faults
+from harness.records.events import StepObserved
 from harness.records.journal import Journal, json_safe, read_journal
 from harness.records.status import job_status
+from harness.records.timeline import corroborated, faults
 from harness.run_layout import RunLayout
 from harness.running import background
 from harness.scorecard.jsonio import load_scorecard
@@ -41,7 +42,7 @@ def run_status(run_dir: str) -> dict[str, Any]:
 def _latest_steps(journal: Journal) -> list[Any]:
     """The last step event of every rank."""
     latest = {}
-    for event in journal.of_kind("step"):
+    for event in journal.of_kind(StepObserved):
         latest[event.rank] = event
     return list(latest.values())
 

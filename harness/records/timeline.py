@@ -1,18 +1,39 @@
-"""Reading a run's story from its journal: rank 0's steps, the faults, the detections.
+"""Reading a run's story from its journal: rank 0's steps, the faults, the detections,
+and the time a run took to recover from a fault.
 
-Every helper tolerates odd evidence (missing fields, wrong types): the oracles must turn
-missing evidence into a failing check, never into a traceback.
+The one home of the journal queries the oracles, the soak, the sweeps and the
+integrations share, with the kinds that say "an incident is going on", "a checkpoint was
+reached" and "a piece of work ended". Every helper tolerates odd evidence (missing fields,
+wrong types): the oracles must turn missing evidence into a failing check, never into a
+traceback.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from faults.registry import kinds as registered_kinds
+from harness.records.detectors import BY_KIND
+from harness.records.events import (
+    CheckpointLoaded,
+    CheckpointRejected,
+    CheckpointSaved,
+    Detected,
+    FaultInjected,
+    FileLoaded,
+    FileLoadFailed,
+    FileSaved,
+    RankLost,
+    Recovered,
+    Restart,
+    RunStart,
+    StepObserved,
+)
 from harness.records.journal import Event, Journal
 
 #: The rank whose steps tell the run's progress (every rank reports the same global loss).
@@ -21,11 +42,18 @@ LEAD_RANK = 0
 NO_FAULT = "no fault was injected (no fault_injected event)"
 #: Event kinds that say "something is wrong" and the detector each one counts as; a
 #: `detected` event names its own detector.
-DETECTION_KINDS = {
-    "detected": "",
-    "checkpoint_rejected": "checkpoint_integrity",
-    "rank_lost": "rank_lost",
-}
+DETECTION_KINDS = {Detected.kind: "", **BY_KIND}
+#: Signs that an incident is still being handled (besides rank 0's skipped steps).
+INCIDENT_KINDS = frozenset(e.kind for e in (Recovered, Restart, CheckpointLoaded, RankLost))
+#: Loads that show a checkpoint was reached.
+LOAD_KINDS = frozenset(
+    e.kind for e in (FileLoaded, FileLoadFailed, CheckpointLoaded, CheckpointRejected)
+)
+#: Events after which rank 0 is back to training: a step's time starts at the last one.
+BOUNDARY_KINDS = frozenset(
+    e.kind
+    for e in (StepObserved, RunStart, CheckpointSaved, CheckpointLoaded, FileSaved, FileLoaded)
+)
 
 
 #: Keys of a fault's details that name what it damaged. Not every path there was damaged:
@@ -46,14 +74,19 @@ def finite(value: Any) -> bool:
     return number is not None and math.isfinite(number)
 
 
+def lead_step(event: Event) -> bool:
+    """True for a `step` event of rank 0."""
+    return event.is_(StepObserved) and event.rank == LEAD_RANK
+
+
 def lead_steps(journal: Journal) -> list[Event]:
     """Rank 0's `step` events in journal order, redone attempts included."""
-    return [e for e in journal if e.kind == "step" and e.rank == LEAD_RANK]
+    return [e for e in journal if lead_step(e)]
 
 
 def faults(journal: Journal) -> list[Event]:
     """The `fault_injected` events, in journal order."""
-    return journal.of_kind("fault_injected")
+    return journal.of_kind(FaultInjected)
 
 
 def first_fault(journal: Journal) -> Event | None:
@@ -70,6 +103,50 @@ def skipped(step: Event) -> bool:
 def good(step: Event) -> bool:
     """A good step: its loss is finite and its update was applied."""
     return finite(step.get("loss")) and not skipped(step)
+
+
+def incident_sign(event: Event) -> bool:
+    """True for an event that shows an incident is still being handled: a recovery, a
+    restart, a checkpoint load, a lost rank, or a step rank 0 skipped."""
+    return event.kind in INCIDENT_KINDS or (lead_step(event) and skipped(event))
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """How long a run took to recover from one fault."""
+
+    fault: Event
+    #: The incident's last sign (`incident_sign`), or the fault itself when none came.
+    last_sign: Event
+    #: Rank 0's first good step after that sign (see `recovery`); None: never.
+    back: Event | None
+    #: Wall seconds from the injection to ``back``.
+    seconds: float | None
+    #: Rank 0's steps (redone ones included) from the injection to ``back``, ``back`` less one.
+    steps: int | None
+
+
+def recovery(
+    events: Sequence[Event], at: int, until: int | None = None, *, past_fault: bool = True
+) -> Recovery:
+    """The time to recover from the fault ``events[at]``: from its injection to rank 0's
+    first good step after the incident's last sign among ``events[at:until]`` (to the end
+    of the journal when ``until`` is None), one past the fault's step.
+
+    The soak times its incidents so (each fault's signs before the next fault fires). The
+    `mttr` check passes ``past_fault=False`` (the first fault, every sign after it): a
+    step redone after a rollback, or the fault's own step when it showed nothing wrong,
+    already counts as recovered (docs/scenarios.md and docs/soak.md state each rule)."""
+    fault = events[at]
+    stop = len(events) if until is None else until
+    signs = [m for m in range(at, stop) if incident_sign(events[m])]
+    last = signs[-1] if signs else at
+    for m in range(last + 1, len(events)):
+        e = events[m]
+        if lead_step(e) and (e.step > fault.step or not past_fault) and good(e):
+            steps = sum(1 for x in events[at : m + 1] if lead_step(x)) - 1
+            return Recovery(fault, events[last], e, max(0.0, e.wall - fault.wall), max(0, steps))
+    return Recovery(fault, events[last], None, None, None)
 
 
 def surviving_losses(journal: Journal, rank: int = LEAD_RANK) -> list[float]:
@@ -109,8 +186,6 @@ def detections(journal: Journal) -> list[Detection]:
     return found
 
 
-#: Detectors whose evidence the agent observed itself (no trainer's word in it).
-OBSERVED = ("skipped_step", "rollback", "restart", "checkpoint_integrity", "gradient_repaired")
 #: How many of its own rank's steps a claim may come before the response that backs it:
 #: a mechanism acts on its detection in the same step or soon after (a loss scale raised
 #: on a stalled layer overflows a few steps later); a response further on answers
@@ -174,7 +249,7 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
     # intact beside them (the other files of the same checkpoint).
     took_damage = {
         (e.rank, e.restart)
-        for e in journal.of_kind("file_loaded")
+        for e in journal.of_kind(FileLoaded)
         if e.get("intact") is False or e.get("path") in damaged
     }
     seen = other_fault = other_checkpoint_fault = False
@@ -182,14 +257,14 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
     for event in journal:
         if event is fault:
             seen = True
-        elif seen and event.kind == "fault_injected" and not same_fault(event, fault):
+        elif seen and event.is_(FaultInjected) and not same_fault(event, fault):
             other_fault = True
             other_checkpoint_fault = other_checkpoint_fault or damages_checkpoints(event)
         if other_checkpoint_fault:
             break
         after = at_or_after(event, fault)
         detector = None
-        if event.kind == "step" and event.rank == LEAD_RANK:
+        if event.is_(StepObserved) and event.rank == LEAD_RANK:
             if after and event.step in trained:
                 detector = "rollback"
             elif after and answer and _calm(event, trained):
@@ -199,15 +274,15 @@ def responses(journal: Journal, fault: Event) -> list[Detection]:
             continue
         if detector is not None:
             pass
-        elif event.kind == "step" and skipped(event):
+        elif event.is_(StepObserved) and skipped(event):
             detector = "skipped_step"
-        elif event.kind == "step" and event.get("grads_repaired") is True:
+        elif event.is_(StepObserved) and event.get("grads_repaired") is True:
             detector = "gradient_repaired"
-        elif event.kind == "restart":
+        elif event.is_(Restart):
             detector = "restart"
-        elif event.kind == "file_load_failed":
+        elif event.is_(FileLoadFailed):
             failed.append(event)
-        elif event.kind == "file_loaded" and (event.rank, event.restart) not in took_damage:
+        elif event.is_(FileLoaded) and (event.rank, event.restart) not in took_damage:
             path = event.get("path")
             if any(f.get("path") != path for f in failed) or (
                 event.get("intact") is True and damaged and path not in damaged
@@ -239,7 +314,7 @@ def corroborated(journal: Journal, fault: Event) -> tuple[list[Detection], list[
     position = {id(e): n for n, e in enumerate(journal)}
     steps_by_rank: dict[int, list[int]] = {}
     for n, e in enumerate(journal):
-        if e.kind == "step":
+        if e.is_(StepObserved):
             steps_by_rank.setdefault(e.rank, []).append(n)
     counted: list[Detection] = []
     words: list[Detection] = []
