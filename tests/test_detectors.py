@@ -81,7 +81,8 @@ def test_the_checklist_names_known_detectors() -> None:
 
 def _claimed_in_source() -> set[str]:
     """Detector names written as literals in the reference trainer: ``Detected(detector=
-    "...")`` or ``emit("detected", detector="...")`` (either side of a conditional), and
+    "...")`` or ``emit("detected", detector="...")`` or a ``detector = "..."`` they pass
+    on (either side of a conditional), and
     the ``name`` of every class that is a detector or a document stage (their claims
     carry it)."""
     found: set[str] = set()
@@ -100,6 +101,12 @@ def _claimed_in_source() -> set[str]:
                     sides = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
                     if kw.arg == "detector":
                         found |= {v.value for v in sides if isinstance(v, ast.Constant)}
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", "") == "detector" for t in node.targets
+            ):  # detector = "a" if ... else "b", then Detected(detector=detector)
+                value = node.value
+                sides = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+                found |= {v.value for v in sides if isinstance(v, ast.Constant)}
             if isinstance(node, ast.ClassDef) and node.name.endswith(("Detector", "Stage")):
                 for item in node.body:
                     target = getattr(item, "target", None) or next(

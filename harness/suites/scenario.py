@@ -371,12 +371,12 @@ class Scenario(_Model):
         for name in self.expect.checks():
             if ORACLES[name].expectation.needs_fault and not self.faults:
                 raise ValueError(f"expect.{name} needs a fault to detect; faults is empty")
-        detected = self.expect.detected
         # The reference trainer's detectors are known; a command trainer may claim its own
         # (`harness.claim`), so only the reference trainer's names are checked.
-        if detected is not None and detected.detector is not None and self.trainer.command is None:
+        named = getattr(self.expect.detected, "detector", None)  # `detected: true` names none
+        if named is not None and self.trainer.command is None:
             try:
-                check_detectors(detected.detector)
+                check_detectors(named)
             except ValueError as exc:
                 raise ValueError(f"expect.detected.detector: {exc}") from None
         return self
