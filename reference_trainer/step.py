@@ -31,12 +31,8 @@ from harness.records.events import (
 )
 from reference_trainer.config import TrainConfig
 from reference_trainer.hessian_step import HessianBatch, HessianEstimator
-from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
-from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
-from reference_trainer.model_and_data.embeddings import SentenceEmbedder
-from reference_trainer.model_and_data.model import GPT, next_token_loss
-from reference_trainer.model_and_data.optim import layer_of, lr_at
-from reference_trainer.model_and_data.token_fallback import FallbackProbe, fallback_claims
+from reference_trainer.model.gpt import GPT, next_token_loss
+from reference_trainer.model.optim import layer_of, lr_at
 from reference_trainer.packed_step import packed_forward_backward
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmup
@@ -48,7 +44,11 @@ from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.precision_switch import ActivationMonitor
 from reference_trainer.stability.quality_sampling import QualitySampler
 from reference_trainer.stability.surgery import GradientSurgeon
+from reference_trainer.stages.embeddings import SentenceEmbedder
 from reference_trainer.step_claims import data_claims, scale_claims, switch_claims
+from reference_trainer.stream.batching import PackedLoader, PackedStream
+from reference_trainer.stream.data import DocumentPipeline, ShardedLoader, TokenStream
+from reference_trainer.tokenizer.fallback import FallbackProbe, fallback_claims
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,9 @@ change, blocks switched between precisions, documents the data stages dropped.""
 from __future__ import annotations
 
 from harness.records.events import Claim, Detected, Recovered
-from reference_trainer.model_and_data.data import DataCounters
 from reference_trainer.stability.loss_scale import ScaleChange
 from reference_trainer.stability.precision_switch import Switch
+from reference_trainer.stream.data import DataCounters
 
 
 def scale_claims(change: ScaleChange | None) -> list[Claim]:
