@@ -114,10 +114,10 @@ def measure(repeat: int, presets: tuple[tuple[str, int, int], ...]) -> list[Row]
 def pools(presets: tuple[tuple[str, int, int], ...], sizes: tuple[int, ...]) -> str:
     """Padding share and fill of the stream alone for each ``sort_pool`` in ``sizes``."""
     from reference_trainer.config import preset as load_preset
-    from reference_trainer.model_and_data.batching import PackedStream
-    from reference_trainer.model_and_data.corpus import Corpus
-    from reference_trainer.model_and_data.data import DocumentPipeline, TokenLayout
-    from reference_trainer.model_and_data.tokenizer import train_tokenizer
+    from reference_trainer.corpus.corpus import Corpus
+    from reference_trainer.stream.batching import PackedStream
+    from reference_trainer.stream.data import DocumentPipeline, TokenLayout
+    from reference_trainer.tokenizer.bpe import train_tokenizer
 
     lines = ["| preset | sort_pool | pad | fill |", "|---|---:|---:|---:|"]
     for name, _, _ in presets:
@@ -158,17 +158,17 @@ def interleaved(presets: tuple[tuple[str, int, int], ...], steps: dict[str, int]
     import torch
 
     from reference_trainer.config import preset as load_preset
-    from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
-    from reference_trainer.model_and_data.corpus import Corpus
-    from reference_trainer.model_and_data.data import (
+    from reference_trainer.corpus.corpus import Corpus
+    from reference_trainer.model.gpt import GPT, next_token_loss
+    from reference_trainer.packed_step import packed_forward_backward
+    from reference_trainer.stream.batching import PackedLoader, PackedStream
+    from reference_trainer.stream.data import (
         DocumentPipeline,
         ShardedLoader,
         TokenLayout,
         TokenStream,
     )
-    from reference_trainer.model_and_data.model import GPT, next_token_loss
-    from reference_trainer.model_and_data.tokenizer import train_tokenizer
-    from reference_trainer.packed_step import packed_forward_backward
+    from reference_trainer.tokenizer.bpe import train_tokenizer
 
     torch.set_num_threads(1)
     lines = [

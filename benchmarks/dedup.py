@@ -48,7 +48,7 @@ import rensa
 from rich.console import Console
 from rich.table import Table
 
-from reference_trainer.model_and_data.dedup import DedupConfig, DuplicateFilter
+from reference_trainer.stages.dedup import DedupConfig, DuplicateFilter
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

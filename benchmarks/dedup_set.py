@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from faults.data import near_duplicate
-from reference_trainer.model_and_data.corpus import Corpus
+from reference_trainer.corpus.corpus import Corpus
 
 WEIGHTS = {"technical_docs": 1, "social_chatter": 1, "product_reviews": 1, "code": 1}
 COPY_ID = 1_000_000  # ids of copies: COPY_ID + copy number, far from the corpus indices

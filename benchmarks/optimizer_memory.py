@@ -37,8 +37,8 @@ from rich.console import Console
 from rich.table import Table
 
 from reference_trainer.config import TrainConfig, preset
-from reference_trainer.model_and_data.model import GPT, next_token_loss
-from reference_trainer.model_and_data.optim import build_optimizer
+from reference_trainer.model.gpt import GPT, next_token_loss
+from reference_trainer.model.optim import build_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "adamw"

@@ -44,15 +44,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import reference_trainer.model_and_data.corpus as corpus_module  # noqa: E402
+import reference_trainer.corpus.corpus as corpus_module  # noqa: E402
 from harness.records.journal import read_journal  # noqa: E402
 from reference_trainer.config import TrainConfig, preset  # noqa: E402
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES, generate_text  # noqa: E402
-from reference_trainer.model_and_data.corpus_templates import between  # noqa: E402
-from reference_trainer.model_and_data.data import TokenLayout  # noqa: E402
-from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights  # noqa: E402
-from reference_trainer.model_and_data.model import GPT, next_token_loss  # noqa: E402
-from reference_trainer.model_and_data.tokenizer import load_tokenizer  # noqa: E402
+from reference_trainer.corpus.corpus import SOURCE_NAMES, generate_text  # noqa: E402
+from reference_trainer.corpus.mixes import DATA_MIXES, mix_weights  # noqa: E402
+from reference_trainer.corpus.templates import between  # noqa: E402
+from reference_trainer.model.gpt import GPT, next_token_loss  # noqa: E402
+from reference_trainer.stream.data import TokenLayout  # noqa: E402
+from reference_trainer.tokenizer.bpe import load_tokenizer  # noqa: E402
 from reference_trainer.train import train  # noqa: E402
 from tests.test_trainer import final_state  # noqa: E402
 

@@ -32,14 +32,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from faults.paraphrase import paraphrase  # noqa: E402
-from reference_trainer.model_and_data.corpus import Corpus, generate_text  # noqa: E402
-from reference_trainer.model_and_data.dedup import DuplicateFilter  # noqa: E402
-from reference_trainer.model_and_data.embeddings import SentenceEmbedder  # noqa: E402
-from reference_trainer.model_and_data.semantic_dedup import (  # noqa: E402
+from reference_trainer.corpus.corpus import Corpus, generate_text  # noqa: E402
+from reference_trainer.stability.mechanisms import StabilityConfig  # noqa: E402
+from reference_trainer.stages.dedup import DuplicateFilter  # noqa: E402
+from reference_trainer.stages.embeddings import SentenceEmbedder  # noqa: E402
+from reference_trainer.stages.semantic_dedup import (  # noqa: E402
     SemanticDedupConfig,
     SemanticDedupStage,
 )
-from reference_trainer.stability.mechanisms import StabilityConfig  # noqa: E402
 
 SOURCES = ("technical_docs", "social_chatter", "product_reviews", "code")
 

@@ -36,23 +36,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from faults.data import StreamDocument
 from faults.toxic import ToxicContaminationSpec, ToxicStream, toxic_text
 from reference_trainer.config import preset
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.toxicity import ToxicityConfig, ToxicityStage
-from reference_trainer.model_and_data.toxicity_classifier import (
+from reference_trainer.corpus.corpus import Corpus
+from reference_trainer.stages.toxicity import ToxicityConfig, ToxicityStage
+from reference_trainer.stages.toxicity_classifier import (
     EmbeddingHeadClassifier,
     LogisticHead,
 )
-from reference_trainer.model_and_data.toxicity_corpus import (
+from reference_trainer.stages.toxicity_corpus import (
     corpus_sentences,
     labelled_set,
 )
-from reference_trainer.model_and_data.toxicity_lexicon import (
+from reference_trainer.stages.toxicity_lexicon import (
     LEXICON,
     PatternMatcher,
     RegexMatcher,
     normalize_text,
 )
-from reference_trainer.model_and_data.train_toxicity_head import precision_recall
+from reference_trainer.stages.train_toxicity_head import precision_recall
 
 RESULTS = Path(__file__).resolve().parent / "results" / "toxicity.json"
 

@@ -1,6 +1,6 @@
 """The reference trainer's named data mixes, by name: the one list that a suite's
 ``trainer.data_mix`` is checked against (the trainer holds their weights, in
-`reference_trainer.model_and_data.mixes`; `tests/test_corpus_mixes.py` pins the two)."""
+`reference_trainer.corpus.mixes`; `tests/test_corpus_mixes.py` pins the two)."""
 
 from __future__ import annotations
 

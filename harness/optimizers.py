@@ -1,6 +1,6 @@
 """The reference trainer's optimizers, by name: the one list that a suite's
 ``trainer.optimizer.name`` and the trainer's ``--optimizer`` are checked against (the trainer
-builds them in `reference_trainer.model_and_data.optim`)."""
+builds them in `reference_trainer.model.optim`)."""
 
 from __future__ import annotations
 

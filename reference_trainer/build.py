@@ -15,33 +15,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.inside.agent import Agent
 from harness.run_layout import RunLayout
 from reference_trainer.config import TrainConfig
-from reference_trainer.model_and_data import tokenizer_cache
-from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.data import (
-    DocumentPipeline,
-    ShardedLoader,
-    TokenLayout,
-    TokenStream,
-)
-from reference_trainer.model_and_data.dedup import DuplicateFilter
-from reference_trainer.model_and_data.embeddings import SentenceEmbedder
-from reference_trainer.model_and_data.keep_whole import keep_whole
-from reference_trainer.model_and_data.model import GPT
-from reference_trainer.model_and_data.optim import build_optimizer, peak_lr
-from reference_trainer.model_and_data.semantic_dedup import SemanticDedupStage
-from reference_trainer.model_and_data.stages import DedupStage, DocumentStage
-from reference_trainer.model_and_data.token_fallback import (
-    FallbackProbe,
-    TokenFallback,
-    encodable,
-)
-from reference_trainer.model_and_data.tokenizer import (
-    load_tokenizer,
-    save_tokenizer,
-    train_tokenizer,
-)
-from reference_trainer.model_and_data.toxicity import ToxicityStage
+from reference_trainer.corpus.corpus import Corpus
+from reference_trainer.model.gpt import GPT
+from reference_trainer.model.optim import build_optimizer, peak_lr
 from reference_trainer.processes import distributed
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_stats import layer_name
@@ -49,7 +25,31 @@ from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.mechanism import BuildContext
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.registry import build_mechanisms
+from reference_trainer.stages.dedup import DedupStage, DuplicateFilter
+from reference_trainer.stages.embeddings import SentenceEmbedder
+from reference_trainer.stages.semantic_dedup import SemanticDedupStage
+from reference_trainer.stages.stage import DocumentStage
+from reference_trainer.stages.toxicity import ToxicityStage
 from reference_trainer.step import Trainer
+from reference_trainer.stream.batching import PackedLoader, PackedStream
+from reference_trainer.stream.data import (
+    DocumentPipeline,
+    ShardedLoader,
+    TokenLayout,
+    TokenStream,
+)
+from reference_trainer.tokenizer import cache as tokenizer_cache
+from reference_trainer.tokenizer.bpe import (
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+)
+from reference_trainer.tokenizer.fallback import (
+    FallbackProbe,
+    TokenFallback,
+    encodable,
+)
+from reference_trainer.tokenizer.keep_whole import keep_whole
 
 
 def seed_everything(seed: int) -> None:

@@ -36,8 +36,8 @@ from reference_trainer.checkpoints.run_dir import (
 )
 from reference_trainer.checkpoints.schedule import token_count
 from reference_trainer.config import PRECISIONS, PRESETS, TrainConfig, preset
+from reference_trainer.corpus.mixes import DATA_MIXES, mix_weights
 from reference_trainer.errors import ConfigError, TrainingFailed
-from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
 from reference_trainer.stability.registry import disable, fragile
 

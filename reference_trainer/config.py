@@ -1,110 +1,27 @@
-"""Configuration of a reference-trainer run: nested dataclasses and the named presets."""
+"""Configuration of a reference-trainer run: the components' own configs (the model's, the
+optimizer's, the data stream's, the stability mechanisms') composed, and the named presets."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.optimizers import OPTIMIZERS
 from harness.run_layout import RunLayout
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.batching_config import BatchingConfig
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES
-from reference_trainer.model_and_data.keep_whole import TokenizerConfig
-from reference_trainer.model_and_data.mixes import mix_weights
-from reference_trainer.model_and_data.model import GPTConfig
-from reference_trainer.model_and_data.sophia import SophiaConfig
-from reference_trainer.model_and_data.stable_embedding import wants_stable_embedding
+from reference_trainer.model.gpt import GPTConfig
+from reference_trainer.model.optim import OptimConfig
+from reference_trainer.model.stable_embedding import wants_stable_embedding
 from reference_trainer.stability.mechanisms import StabilityConfig
+from reference_trainer.stream.data import DataConfig
 
 T = TypeVar("T")
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-@dataclass(kw_only=True, slots=True)
-class DataConfig:
-    """The built-in corpus, its tokenizer and the special-token layout of each document."""
-
-    seed: int = 1234
-    """Seed of the generated corpus (independent of the training seed)."""
-    source_weights: dict[str, float] = field(default_factory=lambda: mix_weights("default"))
-    """Share of documents drawn from each source; normalized, sources not named get 0
-    (``--data-mix NAME`` sets a named mix: `reference_trainer.model_and_data.mixes`)."""
-    tokenizer_docs: int = 1000
-    """Documents from the start of the corpus used to train the BPE tokenizer."""
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    """How the tokenizer is built beyond its size (frequent words kept whole)."""
-    eot_at_start: int = 1
-    """`<|endoftext|>` tokens placed before each document."""
-    eot_every: int = 1024
-    """Inside a document, one `<|endoftext|>` after every this many tokens (0: never)."""
-    eot_at_end: int = 2
-    """`<|endoftext|>` tokens placed after each document."""
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-    """Dynamic batching of whole documents under a token budget (off: fixed windows)."""
-
-    def __post_init__(self) -> None:
-        for name, weight in self.source_weights.items():
-            if name not in SOURCE_NAMES:
-                raise ConfigError(
-                    f"data.source_weights has unknown source {name!r}; "
-                    f"expected some of {', '.join(SOURCE_NAMES)}"
-                )
-            if not (math.isfinite(weight) and weight >= 0):
-                raise ConfigError(f"data.source_weights.{name} must be >= 0, got {weight}")
-        if not any(w > 0 for w in self.source_weights.values()):
-            raise ConfigError("data.source_weights must give at least one source a weight > 0")
-        _positive("data.tokenizer_docs", self.tokenizer_docs)
-        for name in ("eot_at_start", "eot_every", "eot_at_end"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"data.{name} must be >= 0, got {getattr(self, name)}")
-
-
-@dataclass(kw_only=True, slots=True)
-class OptimConfig:
-    """AdamW with layered epsilon, warmup then cosine decay held flat for the last 20%."""
-
-    name: str = "adamw"
-    """Which optimizer: one of `harness.optimizers.OPTIMIZERS`."""
-    base_lr: float = 3e-3
-    """Peak learning rate at the reference batch size."""
-    reference_batch: int = 8
-    """Global batch (sequences) at which the peak learning rate is `base_lr`; other batch
-    sizes scale it by sqrt(global_batch / reference_batch)."""
-    warmup_steps: int = 10
-    """Steps of linear warmup from 0 to the peak."""
-    weight_decay: float = 0.1
-    """Decoupled weight decay on matrices; never on norms, biases or embeddings."""
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps_embedding: float = 1e-6
-    eps_attention: float = 1e-5
-    eps_feed_forward: float = 1e-4
-    sophia: SophiaConfig = field(default_factory=SophiaConfig)
-    """Sophia's own settings, read when `name` is ``sophia`` (docs/stability.md)."""
-
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise ConfigError(
-                f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}"
-            )
-        for name in ("base_lr", "eps_embedding", "eps_attention", "eps_feed_forward"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"optim.{name} must be > 0, got {getattr(self, name)}")
-        _positive("optim.reference_batch", self.reference_batch)
-        for name in ("warmup_steps", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True, slots=True)

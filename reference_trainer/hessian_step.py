@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.records.events import Claim, Detected
-from reference_trainer.model_and_data.batching import IGNORE_INDEX
-from reference_trainer.model_and_data.sophia import SophiaG
+from reference_trainer.model.sophia import SophiaG
+from reference_trainer.stream.batching import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from reference_trainer.step_parts import StepParts

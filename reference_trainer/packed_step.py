@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from reference_trainer.model_and_data.batching import (
+from reference_trainer.stream.batching import (
     PackedStep,
     masked_targets,
     summed_token_loss,

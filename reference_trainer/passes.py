@@ -13,10 +13,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.records.events import OMIT
 from reference_trainer.hessian_step import HessianBatch
-from reference_trainer.model_and_data.batching import PackedLoader
-from reference_trainer.model_and_data.model import next_token_loss
+from reference_trainer.model.gpt import next_token_loss
 from reference_trainer.packed_step import packed_forward_backward
 from reference_trainer.step_parts import BatchParts
+from reference_trainer.stream.batching import PackedLoader
 
 
 @dataclass(frozen=True, slots=True)

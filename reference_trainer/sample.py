@@ -88,8 +88,8 @@ def sample_run(
     from reference_trainer.checkpoints.manifest import MANIFEST, file_digest, read_manifest
     from reference_trainer.config import TrainConfig
     from reference_trainer.errors import CheckpointError
-    from reference_trainer.model_and_data.model import GPT
-    from reference_trainer.model_and_data.tokenizer import EOT, load_tokenizer
+    from reference_trainer.model.gpt import GPT
+    from reference_trainer.tokenizer.bpe import EOT, load_tokenizer
 
     layout = RunLayout(run_dir)
     if not run_dir.is_dir():
@@ -153,8 +153,8 @@ def held_out_prompts(cfg: Any, tokenizer: Any, k: int, seed: int) -> list[list[i
     their closing `<|endoftext|>` tokens and the next document's opening ones. The faulted
     run and its baseline, of one configuration, get the very same prompts.
     """
-    from reference_trainer.model_and_data.corpus import Corpus
-    from reference_trainer.model_and_data.data import TokenLayout
+    from reference_trainer.corpus.corpus import Corpus
+    from reference_trainer.stream.data import TokenLayout
 
     corpus = Corpus(cfg.data.source_weights, cfg.data.seed)
     layout = TokenLayout.from_config(cfg.data, eot_id=0)

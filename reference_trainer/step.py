@@ -24,12 +24,8 @@ from harness.records.events import Claim, DataWeightsObserved, StepObserved
 from reference_trainer.agreement import agree
 from reference_trainer.config import TrainConfig
 from reference_trainer.hessian_step import HessianBatch, HessianEstimator
-from reference_trainer.model_and_data.batching import PackedLoader, PackedStream
-from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader, TokenStream
-from reference_trainer.model_and_data.embeddings import SentenceEmbedder
-from reference_trainer.model_and_data.model import GPT
-from reference_trainer.model_and_data.optim import lr_at
-from reference_trainer.model_and_data.token_fallback import FallbackProbe, fallback_claims
+from reference_trainer.model.gpt import GPT
+from reference_trainer.model.optim import lr_at
 from reference_trainer.passes import forward_backward
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_stats import StepStats
@@ -38,7 +34,11 @@ from reference_trainer.stability.mechanism import Boundary, Mechanism, StepState
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.recovery import Failure
 from reference_trainer.stability.registry import mechanism_states
+from reference_trainer.stages.embeddings import SentenceEmbedder
 from reference_trainer.step_claims import data_claims
+from reference_trainer.stream.batching import PackedLoader, PackedStream
+from reference_trainer.stream.data import DocumentPipeline, ShardedLoader, TokenStream
+from reference_trainer.tokenizer.fallback import FallbackProbe, fallback_claims
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ mechanisms' own claims come from their hooks, `reference_trainer.stability.mecha
 from __future__ import annotations
 
 from harness.records.events import Claim, Detected
-from reference_trainer.model_and_data.data import DataCounters
+from reference_trainer.stream.data import DataCounters
 
 
 def data_claims(counters: DataCounters) -> list[Claim]:

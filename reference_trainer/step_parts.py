@@ -11,14 +11,14 @@ if TYPE_CHECKING:
 
     from harness.inside.agent import Agent
     from reference_trainer.config import TrainConfig
-    from reference_trainer.model_and_data.batching import PackedLoader
-    from reference_trainer.model_and_data.data import ShardedLoader
-    from reference_trainer.model_and_data.model import GPT
-    from reference_trainer.model_and_data.token_fallback import FallbackProbe
+    from reference_trainer.model.gpt import GPT
     from reference_trainer.processes.distributed import Topology
     from reference_trainer.stability.loss_scale import DynamicLossScaler
     from reference_trainer.stability.mechanism import Mechanism
     from reference_trainer.stability.precision import Precision
+    from reference_trainer.stream.batching import PackedLoader
+    from reference_trainer.stream.data import ShardedLoader
+    from reference_trainer.tokenizer.fallback import FallbackProbe
 
 
 class StepParts(Protocol):

@@ -18,9 +18,9 @@ import torch
 from faults import InjectionError, StepContext, build_injector, parse_fault
 from reference_trainer.config import OptimConfig, TrainConfig, preset
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.model import GPT, GPTConfig, next_token_loss
-from reference_trainer.model_and_data.optim import build_optimizer
-from reference_trainer.model_and_data.stable_embedding import StableEmbedding
+from reference_trainer.model.gpt import GPT, GPTConfig, next_token_loss
+from reference_trainer.model.optim import build_optimizer
+from reference_trainer.model.stable_embedding import StableEmbedding
 from reference_trainer.stability.clipping import ClipConfig, clip_threshold
 
 VOCAB, EMBD = 256, 64
@@ -144,8 +144,8 @@ def test_the_stable_embedding_normalizes_rows_and_keeps_its_xavier_init() -> Non
 
 def test_adamw_runs_never_import_bitsandbytes() -> None:
     code = (
-        "import sys; from reference_trainer.model_and_data.optim import build_optimizer; "
-        "from reference_trainer.model_and_data.model import GPT, GPTConfig; "
+        "import sys; from reference_trainer.model.optim import build_optimizer; "
+        "from reference_trainer.model.gpt import GPT, GPTConfig; "
         "from reference_trainer.config import OptimConfig; "
         "build_optimizer(GPT(GPTConfig(vocab_size=8, block_size=4, n_layer=1, n_head=1, "
         "n_embd=4)), OptimConfig()); print('bitsandbytes' in sys.modules)"

@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from reference_trainer.config import DataConfig, TrainConfig, preset
+from reference_trainer.corpus.corpus import Corpus
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.batching import (
+from reference_trainer.model.gpt import GPT, GPTConfig, next_token_loss
+from reference_trainer.packed_step import packed_forward_backward
+from reference_trainer.stream.batching import (
     PackedLoader,
     PackedStep,
     PackedStream,
@@ -21,10 +24,7 @@ from reference_trainer.model_and_data.batching import (
     pack,
     summed_token_loss,
 )
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.data import DocumentPipeline, TokenLayout
-from reference_trainer.model_and_data.model import GPT, GPTConfig, next_token_loss
-from reference_trainer.packed_step import packed_forward_backward
+from reference_trainer.stream.data import DocumentPipeline, TokenLayout
 
 MAX_LEN = 17  # block_size 16
 BUDGET = 4 * MAX_LEN

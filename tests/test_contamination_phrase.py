@@ -10,7 +10,7 @@ import pytest
 from faults.data import ContaminatedStream, DuplicateContaminationSpec
 from faults.errors import FaultSpecError
 from faults.registry import parse_fault
-from reference_trainer.model_and_data.corpus import Corpus, Document
+from reference_trainer.corpus.corpus import Corpus, Document
 
 PHRASE = "Ten stars, buy it now"
 WEIGHTS = {"social_chatter": 1.0, "product_reviews": 1.0}

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES, Corpus, Document, generate_text
+from reference_trainer.corpus.corpus import SOURCE_NAMES, Corpus, Document, generate_text
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUAL = {name: 1.0 for name in SOURCE_NAMES}
@@ -25,7 +25,7 @@ SEED = 1234
 
 _SUBPROCESS_SCRIPT = """
 import json, sys
-from reference_trainer.model_and_data.corpus import Corpus
+from reference_trainer.corpus.corpus import Corpus
 corpus = Corpus(json.loads(sys.argv[1]), int(sys.argv[2]))
 docs = [corpus.document(i) for i in json.loads(sys.argv[3])]
 print(json.dumps([[d.index, d.source, d.text] for d in docs]))

@@ -18,9 +18,9 @@ from harness.suites.scenario import TrainerSpec
 from harness.suites.suite_loader import ScenarioError, load_suite
 from reference_trainer.cli import build_parser, settle_config
 from reference_trainer.config import DataConfig, preset
+from reference_trainer.corpus.corpus import SOURCE_NAMES, Corpus, generate_text
+from reference_trainer.corpus.mixes import DATA_MIXES, mix_weights
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES, Corpus, generate_text
-from reference_trainer.model_and_data.mixes import DATA_MIXES, mix_weights
 
 SEED = 1234
 

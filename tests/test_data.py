@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from reference_trainer.config import DataConfig
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.data import (
+from reference_trainer.corpus.corpus import Corpus
+from reference_trainer.stream.data import (
     DocumentPipeline,
     ShardedLoader,
     TokenLayout,
     TokenStream,
 )
-from reference_trainer.model_and_data.tokenizer import EOT, train_tokenizer
+from reference_trainer.tokenizer.bpe import EOT, train_tokenizer
 
 EOT_ID = 0
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from benchmarks.dedup_set import labelled_stream, score, true_jaccard
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.dedup import (
+from reference_trainer.corpus.corpus import Corpus
+from reference_trainer.stages.dedup import (
     BACKENDS,
     DedupConfig,
     DedupVerdict,
@@ -220,8 +220,8 @@ def test_restored_filter_continues_like_an_uninterrupted_one(
 
 _SIGNATURE_SCRIPT = """
 import hashlib, sys
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.dedup import DedupConfig, DuplicateFilter
+from reference_trainer.corpus.corpus import Corpus
+from reference_trainer.stages.dedup import DedupConfig, DuplicateFilter
 corpus = Corpus({"technical_docs": 1, "social_chatter": 1, "product_reviews": 1, "code": 1}, 0)
 dedup = DuplicateFilter(DedupConfig(seed=int(sys.argv[1]), backend=sys.argv[2]))
 dedup.check_batch([(i, corpus.document(i).text) for i in range(50)])
@@ -361,7 +361,7 @@ def test_rensa_state_resumes_through_a_checkpoint_without_pickle(
     # The trainer's route: state -> tensors -> torch.save -> torch.load(weights_only) -> numpy.
     import torch
 
-    from reference_trainer.model_and_data.data import to_numpy, to_tensors
+    from reference_trainer.stream.data import to_numpy, to_tensors
 
     rng = random.Random(2)
     first = [(i, natural[i]) for i in range(300)]

@@ -22,7 +22,7 @@ from faults.data import (
 from faults.errors import FaultSpecError
 from faults.injector import StepContext
 from faults.registry import kinds, parse_fault
-from reference_trainer.model_and_data.corpus import Corpus, Document
+from reference_trainer.corpus.corpus import Corpus, Document
 
 N = 20_000
 # The cheaper sources (technical_docs is the slowest to generate); still three styles.

@@ -12,8 +12,8 @@ from faults import FaultSpecError, build_injector, kinds, parse_fault
 from faults.data import StreamDocument
 from faults.toxic import ToxicContaminationSpec, ToxicStream, toxic_text
 from harness.suites.strategies import fault_plans
-from reference_trainer.model_and_data.corpus import Corpus, Document
-from reference_trainer.model_and_data.toxicity_corpus import labelled_set
+from reference_trainer.corpus.corpus import Corpus, Document
+from reference_trainer.stages.toxicity_corpus import labelled_set
 
 DOCUMENT_KINDS = sorted(n for n, k in kinds().items() if k.spec.reach == "documents")
 WEIGHTS = {"technical_docs": 1.0, "social_chatter": 1.0, "product_reviews": 1.0, "code": 1.0}

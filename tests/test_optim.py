@@ -9,8 +9,8 @@ import pytest
 
 from reference_trainer.config import preset
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.model import GPT
-from reference_trainer.model_and_data.optim import build_optimizer, layer_of, lr_at, peak_lr
+from reference_trainer.model.gpt import GPT
+from reference_trainer.model.optim import build_optimizer, layer_of, lr_at, peak_lr
 
 
 def _expected(name: str, dim: int) -> tuple[float, float]:

@@ -13,10 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference_trainer.config import TrainConfig, preset
+from reference_trainer.corpus.corpus import SOURCE_NAMES, Corpus
+from reference_trainer.corpus.mixes import mix_weights
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES, Corpus
-from reference_trainer.model_and_data.data import DocumentPipeline, TokenLayout, TokenStream
-from reference_trainer.model_and_data.mixes import mix_weights
 from reference_trainer.stability.quality_sampling import QualitySampler
 from reference_trainer.stability.quality_weights import (
     QualitySamplingConfig,
@@ -24,6 +23,7 @@ from reference_trainer.stability.quality_weights import (
     relative_quality,
     updated_quality,
 )
+from reference_trainer.stream.data import DocumentPipeline, TokenLayout, TokenStream
 
 LLAMA = mix_weights("llama")
 WEB, ENC, CODE = (SOURCE_NAMES.index(s) for s in ("web", "encyclopedia", "code"))

@@ -13,8 +13,8 @@ from harness.records.journal import read_journal
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manifest import describe_tensors, write_manifest
 from reference_trainer.config import TrainConfig
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES
-from reference_trainer.model_and_data.mixes import mix_weights
+from reference_trainer.corpus.corpus import SOURCE_NAMES
+from reference_trainer.corpus.mixes import mix_weights
 from tests.test_trainer import assert_same_tensors, final_state, run, tiny
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from faults.data import StreamDocument
 from harness.commands.main import main
 from harness.records.review import QueueEntry, append_entry, read_decisions
 from harness.run_layout import RunLayout
-from reference_trainer.model_and_data.toxicity import ToxicityConfig, ToxicityStage
+from reference_trainer.stages.toxicity import ToxicityConfig, ToxicityStage
 
 
 def tightrope(*argv: str) -> tuple[int, str, str]:

@@ -15,8 +15,8 @@ from harness.running.launch import LaunchError
 from harness.running.sampling import sample_command, take_samples
 from harness.suites.scenario import Scenario, TrainerSpec
 from reference_trainer.config import preset
-from reference_trainer.model_and_data.tokenizer import save_tokenizer, train_tokenizer
 from reference_trainer.sample import main
+from reference_trainer.tokenizer.bpe import save_tokenizer, train_tokenizer
 
 
 def _sample(run_dir: Path, out: Path, *extra: str) -> int:

@@ -14,11 +14,11 @@ from faults import parse_fault
 from faults.errors import FaultSpecError
 from faults.paraphrase import ParaphraseContaminationInjector, paraphrase
 from harness.records.journal import Journal
-from reference_trainer.model_and_data import embeddings
-from reference_trainer.model_and_data.corpus import Corpus, generate_text
-from reference_trainer.model_and_data.dedup import DuplicateFilter
-from reference_trainer.model_and_data.semantic_dedup import SemanticDedupConfig, SemanticDedupStage
+from reference_trainer.corpus.corpus import Corpus, generate_text
 from reference_trainer.stability.mechanisms import StabilityConfig
+from reference_trainer.stages import embeddings
+from reference_trainer.stages.dedup import DuplicateFilter
+from reference_trainer.stages.semantic_dedup import SemanticDedupConfig, SemanticDedupStage
 
 from .stability_support import claims, config, run
 

@@ -15,9 +15,9 @@ from harness.records.events import Detected
 from reference_trainer.config import OptimConfig, TrainConfig, preset
 from reference_trainer.errors import ConfigError
 from reference_trainer.hessian_step import HessianBatch, HessianEstimator, sampled_labels
-from reference_trainer.model_and_data.model import GPT, GPTConfig
-from reference_trainer.model_and_data.optim import build_optimizer, parameter_groups, peak_lr
-from reference_trainer.model_and_data.sophia import SophiaG
+from reference_trainer.model.gpt import GPT, GPTConfig
+from reference_trainer.model.optim import build_optimizer, parameter_groups, peak_lr
+from reference_trainer.model.sophia import SophiaG
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.loss_scale import DynamicLossScaler, LossScaleConfig
 from reference_trainer.stability.precision import Precision

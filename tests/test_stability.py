@@ -15,7 +15,7 @@ from faults import build_injector, parse_fault
 from faults.injector import Injection
 from harness.run_layout import RunLayout
 from reference_trainer.errors import CheckpointError, TrainingFailed
-from reference_trainer.model_and_data.optim import peak_lr
+from reference_trainer.model.optim import peak_lr
 
 from .stability_support import claims, config, final_loss, finite_at_end, near, run
 

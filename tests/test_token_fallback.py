@@ -12,18 +12,12 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from faults.tokenizer_stress import StressedStream, TokenizerStressSpec
 from reference_trainer.config import DataConfig, TrainConfig, preset
+from reference_trainer.corpus.corpus import Corpus
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.corpus import Corpus
-from reference_trainer.model_and_data.data import DocumentPipeline, TokenLayout, TokenStream
-from reference_trainer.model_and_data.keep_whole import (
-    TokenizerConfig,
-    byte_decoder,
-    count_pieces,
-    is_word,
-    keep_whole,
-    scaled_min_count,
-)
-from reference_trainer.model_and_data.token_fallback import (
+from reference_trainer.stability.registry import disable
+from reference_trainer.stream.data import DocumentPipeline, TokenLayout, TokenStream
+from reference_trainer.tokenizer.bpe import train_tokenizer
+from reference_trainer.tokenizer.fallback import (
     FallbackConfig,
     FallbackProbe,
     TokenFallback,
@@ -31,8 +25,14 @@ from reference_trainer.model_and_data.token_fallback import (
     fallback_claims,
     repair,
 )
-from reference_trainer.model_and_data.tokenizer import train_tokenizer
-from reference_trainer.stability.registry import disable
+from reference_trainer.tokenizer.keep_whole import (
+    TokenizerConfig,
+    byte_decoder,
+    count_pieces,
+    is_word,
+    keep_whole,
+    scaled_min_count,
+)
 
 PLAIN = "the model reads the data stream and writes a short report about it"
 

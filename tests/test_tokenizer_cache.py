@@ -13,9 +13,9 @@ import torch
 from harness.run_layout import RunLayout
 from reference_trainer.build import _tokenizer
 from reference_trainer.config import preset
-from reference_trainer.model_and_data import tokenizer_cache
-from reference_trainer.model_and_data.corpus import Corpus
+from reference_trainer.corpus.corpus import Corpus
 from reference_trainer.processes.distributed import Topology
+from reference_trainer.tokenizer import cache as tokenizer_cache
 
 ONE = Topology(rank=0, world_size=1, local_rank=0, restart=0, device=torch.device("cpu"))
 

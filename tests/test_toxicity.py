@@ -12,10 +12,10 @@ import pytest
 from faults.data import StreamDocument
 from harness.records.review import append_decision, document_id, read_queue
 from harness.run_layout import RunLayout
-from reference_trainer.model_and_data.stages import StageVerdict
-from reference_trainer.model_and_data.toxicity import ToxicityConfig, ToxicityStage, hit_sentences
-from reference_trainer.model_and_data.toxicity_corpus import labelled_set
-from reference_trainer.model_and_data.toxicity_lexicon import PatternMatcher, RegexMatcher
+from reference_trainer.stages.stage import StageVerdict
+from reference_trainer.stages.toxicity import ToxicityConfig, ToxicityStage, hit_sentences
+from reference_trainer.stages.toxicity_corpus import labelled_set
+from reference_trainer.stages.toxicity_lexicon import PatternMatcher, RegexMatcher
 
 
 class Scripted:

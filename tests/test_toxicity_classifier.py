@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data import embeddings
-from reference_trainer.model_and_data.toxicity import (
+from reference_trainer.stages import embeddings
+from reference_trainer.stages.toxicity import (
     ToxicityConfig,
     ToxicityStage,
     build_classifier,
 )
-from reference_trainer.model_and_data.toxicity_classifier import (
+from reference_trainer.stages.toxicity_classifier import (
     DetoxifyClassifier,
     LogisticHead,
 )
-from reference_trainer.model_and_data.toxicity_corpus import labelled_set
-from reference_trainer.model_and_data.train_toxicity_head import fit, precision_recall
+from reference_trainer.stages.toxicity_corpus import labelled_set
+from reference_trainer.stages.train_toxicity_head import fit, precision_recall
 
 needs_model = pytest.mark.skipif(
     not embeddings.available(), reason="the embedding model (the semantic extra) is not installed"

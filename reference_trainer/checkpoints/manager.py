@@ -38,7 +38,7 @@ from reference_trainer.checkpoints.manifest import (
 )
 from reference_trainer.checkpoints.storage import save_failed, state_bytes
 from reference_trainer.errors import CheckpointError, ConfigError, SaveError
-from reference_trainer.model_and_data.nested import map_leaves
+from reference_trainer.nested import map_leaves
 
 #: The agent's ``claim(claim, step=None)``.
 Claim = Callable[..., None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from reference_trainer.model_and_data.optim import layer_of
+from reference_trainer.model.optim import layer_of
 from reference_trainer.stability.clipping import ClipConfig, clip_gradients
 from reference_trainer.stability.mechanism import BuildContext, Mechanism, StepState
 

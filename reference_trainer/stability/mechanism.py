@@ -38,10 +38,10 @@ from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.recovery import Failure
 
 if TYPE_CHECKING:
-    from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader
-    from reference_trainer.model_and_data.model import GPT
+    from reference_trainer.model.gpt import GPT
     from reference_trainer.processes.distributed import Topology
     from reference_trainer.stability.mechanisms import StabilityConfig
+    from reference_trainer.stream.data import DocumentPipeline, ShardedLoader
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,6 @@ from dataclasses import dataclass, field
 
 from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.dedup import DedupConfig
-from reference_trainer.model_and_data.semantic_dedup import SemanticDedupConfig
-from reference_trainer.model_and_data.token_fallback import FallbackConfig
-from reference_trainer.model_and_data.toxicity import ToxicityConfig
 from reference_trainer.processes.watchdog import WatchdogConfig
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
 from reference_trainer.stability.clipping import ClipConfig
@@ -26,6 +22,10 @@ from reference_trainer.stability.quality_weights import QualitySamplingConfig
 from reference_trainer.stability.recovery import RecoveryConfig
 from reference_trainer.stability.replicas import ReplicaCheckConfig
 from reference_trainer.stability.surgery import SurgeryConfig
+from reference_trainer.stages.dedup import DedupConfig
+from reference_trainer.stages.semantic_dedup import SemanticDedupConfig
+from reference_trainer.stages.toxicity import ToxicityConfig
+from reference_trainer.tokenizer.fallback import FallbackConfig
 
 
 @dataclass(kw_only=True, slots=True)

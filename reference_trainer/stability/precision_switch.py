@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.model import Block
+from reference_trainer.model.gpt import Block
 
 FP16_MAX = 65504.0
 

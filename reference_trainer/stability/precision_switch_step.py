@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.records.events import Claim, Detected, Recovered
-from reference_trainer.model_and_data.model import Block
+from reference_trainer.model.gpt import Block
 from reference_trainer.stability.mechanism import BuildContext, Mechanism, StepState
 from reference_trainer.stability.precision_switch import ActivationMonitor, Switch
 

@@ -19,14 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from harness.records.events import DataWeightsObserved
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES
-from reference_trainer.model_and_data.data import DocumentPipeline
+from reference_trainer.corpus.corpus import SOURCE_NAMES
 from reference_trainer.stability.quality_weights import (
     QualitySamplingConfig,
     bounded_weights,
     relative_quality,
     updated_quality,
 )
+from reference_trainer.stream.data import DocumentPipeline
 
 
 class QualitySampler:

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from reference_trainer.model_and_data.data import DocumentPipeline, ShardedLoader
 from reference_trainer.stability.mechanism import BuildContext, Mechanism, StepState
 from reference_trainer.stability.quality_sampling import QualitySampler
+from reference_trainer.stream.data import DocumentPipeline, ShardedLoader
 
 
 class QualitySampling(Mechanism):

@@ -15,10 +15,10 @@ from harness.records.events import Detected, Recovered
 from reference_trainer.checkpoints import files as ckpt
 from reference_trainer.checkpoints.manager import CheckpointManager
 from reference_trainer.errors import CheckpointError
-from reference_trainer.model_and_data.batching import PackedStream
-from reference_trainer.model_and_data.data import TokenStream
 from reference_trainer.stability.layer_diagnosis import DiagnosisReport
 from reference_trainer.stability.recovery import Decision, Failure, RecoveryPolicy
+from reference_trainer.stream.batching import PackedStream
+from reference_trainer.stream.data import TokenStream
 
 State = dict[str, Any]
 

@@ -1,10 +1,12 @@
 """The training stream: documents -> (contamination fault) -> the document stages
 (duplicate filter, semantic dedup, ...) -> tokens
 with the special-token layout -> fixed windows, handed out per rank per step. Its position
-(a few integers, the filter's index) is saved with every checkpoint."""
+(a few integers, the filter's index) is saved with every checkpoint. Its settings
+(`DataConfig`, the run's ``data``) name the corpus mix, the tokenizer and the layout."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -12,16 +14,61 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from reference_trainer.config import DataConfig
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES, Corpus
-from reference_trainer.model_and_data.nested import map_leaves
-from reference_trainer.model_and_data.stages import DocumentStage
-from reference_trainer.model_and_data.token_fallback import TokenFallback
+from reference_trainer.corpus.corpus import SOURCE_NAMES, Corpus
+from reference_trainer.corpus.mixes import mix_weights
+from reference_trainer.errors import ConfigError
+from reference_trainer.nested import map_leaves
+from reference_trainer.stages.stage import DocumentStage
+from reference_trainer.stream.batching_config import BatchingConfig
+from reference_trainer.tokenizer.fallback import TokenFallback
+from reference_trainer.tokenizer.keep_whole import TokenizerConfig
 
 #: Documents tokenized together; larger batches tokenize faster, the buffer grows with it.
 _ENCODE_BATCH = 16
 #: A source's id in a stream's source tags (-1: unknown).
 _SOURCE_IDS = {name: i for i, name in enumerate(SOURCE_NAMES)}
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """The built-in corpus, its tokenizer and the special-token layout of each document."""
+
+    seed: int = 1234
+    """Seed of the generated corpus (independent of the training seed)."""
+    source_weights: dict[str, float] = field(default_factory=lambda: mix_weights("default"))
+    """Share of documents drawn from each source; normalized, sources not named get 0
+    (``--data-mix NAME`` sets a named mix: `reference_trainer.corpus.mixes`)."""
+    tokenizer_docs: int = 1000
+    """Documents from the start of the corpus used to train the BPE tokenizer."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """How the tokenizer is built beyond its size (frequent words kept whole)."""
+    eot_at_start: int = 1
+    """`<|endoftext|>` tokens placed before each document."""
+    eot_every: int = 1024
+    """Inside a document, one `<|endoftext|>` after every this many tokens (0: never)."""
+    eot_at_end: int = 2
+    """`<|endoftext|>` tokens placed after each document."""
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    """Dynamic batching of whole documents under a token budget (off: fixed windows)."""
+
+    def __post_init__(self) -> None:
+        for name, weight in self.source_weights.items():
+            if name not in SOURCE_NAMES:
+                raise ConfigError(
+                    f"data.source_weights has unknown source {name!r}; "
+                    f"expected some of {', '.join(SOURCE_NAMES)}"
+                )
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ConfigError(f"data.source_weights.{name} must be >= 0, got {weight}")
+        if not any(w > 0 for w in self.source_weights.values()):
+            raise ConfigError("data.source_weights must give at least one source a weight > 0")
+        if not (isinstance(self.tokenizer_docs, int) and self.tokenizer_docs > 0):
+            raise ConfigError(
+                f"data.tokenizer_docs must be a positive integer, got {self.tokenizer_docs!r}"
+            )
+        for name in ("eot_at_start", "eot_every", "eot_at_end"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"data.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from reference_trainer.model_and_data.minhash import (
+from reference_trainer.stages.minhash import (
     FNV_BASIS,
     FNV_PRIME,
     I64,
@@ -70,7 +70,8 @@ from reference_trainer.model_and_data.minhash import (
     fold,
     shingle_hashes,
 )
-from reference_trainer.model_and_data.minhash_rensa import RensaSigner
+from reference_trainer.stages.minhash_rensa import RensaSigner
+from reference_trainer.stages.stage import KEPT, StageVerdict
 
 BACKENDS = ("rensa", "numpy")
 _STATE_VERSION = 2  # 2 added the backend; a version-1 state is a numpy-backend state
@@ -402,3 +403,25 @@ class DuplicateFilter:
                 held = np.unique(owners[run]).tolist()
                 self._buckets[int(keys[run[0]])] = held if len(held) > 1 else held[0]
         self._stats.update({k: int(v) for k, v in state["stats"].items()})
+
+
+class DedupStage:
+    """The streaming exact and near-duplicate filter (`DuplicateFilter`) as a stage."""
+
+    name = "dedup"
+
+    def __init__(self, dedup: DuplicateFilter) -> None:
+        self.dedup = dedup
+
+    def check_batch(self, documents: Sequence[Any]) -> list[StageVerdict]:
+        """Exact or near duplicates of a kept document are dropped; the rest are indexed."""
+        verdicts = self.dedup.check_batch([(doc.index, doc.text) for doc in documents])
+        return [KEPT if v.keep else StageVerdict(False, v.reason) for v in verdicts]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The filter's index (numpy arrays; the pipeline turns them into tensors)."""
+        return self.dedup.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the filter's index."""
+        self.dedup.load_state_dict(state)

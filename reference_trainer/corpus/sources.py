@@ -1,8 +1,8 @@
 """The sources of the built-in corpus: technical docs, social chatter and product
-reviews here, code in `corpus_code`, web pages in `corpus_web`, encyclopedia articles in
-`corpus_encyclopedia`, each composed from word lists and templates
-(`corpus_templates`). Every choice comes from the `random.Random` passed in, so a document
-is a pure function of its seed (see `reference_trainer.model_and_data.corpus`)."""
+reviews here, code in `code`, web pages in `web`, encyclopedia articles in
+`encyclopedia`, each composed from word lists and templates
+(`templates`). Every choice comes from the `random.Random` passed in, so a document
+is a pure function of its seed (see `reference_trainer.corpus.corpus`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import random
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from reference_trainer.model_and_data.corpus_code import code_document
-from reference_trainer.model_and_data.corpus_encyclopedia import encyclopedia_article
-from reference_trainer.model_and_data.corpus_templates import (
+from reference_trainer.corpus.code import code_document
+from reference_trainer.corpus.encyclopedia import encyclopedia_article
+from reference_trainer.corpus.templates import (
     Fill,
     Slots,
     between,
@@ -24,7 +24,7 @@ from reference_trainer.model_and_data.corpus_templates import (
     templates,
     words,
 )
-from reference_trainer.model_and_data.corpus_web import web_page
+from reference_trainer.corpus.web import web_page
 
 # ---------------------------------------------------------------- technical_docs
 _T_PROJECT = words("""Kestrel Ferrite Nimbus Osprey Quarry Halyard Lattice Tamarack Cobalt Juniper

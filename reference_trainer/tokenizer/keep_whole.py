@@ -46,7 +46,7 @@ from tokenizers import Tokenizer
 DESIGN_FREQUENCY = 1e6 / 1e10
 #: The smallest scaled threshold.
 MIN_COUNT_FLOOR = 50
-#: The tokenizer's pre-tokenizer (tokenizer.py) in two regexes: each digit and each
+#: The tokenizer's pre-tokenizer (bpe.py) in two regexes: each digit and each
 #: punctuation mark alone, then the byte-level split of what lies between (letters with at
 #: most one leading space, whitespace). tests/test_token_fallback.py checks it against the
 #: real one on the corpus.

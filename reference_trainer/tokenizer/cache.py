@@ -11,11 +11,14 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 import tokenizers
 
-from reference_trainer.config import TrainConfig
+from reference_trainer.model.gpt import GPTConfig
+from reference_trainer.tokenizer.keep_whole import TokenizerConfig
 
 #: The environment variable naming the cache folder; unset or empty: no cache.
 ENV = "TIGHTROPE_TOKENIZER_CACHE"
@@ -27,7 +30,30 @@ def cache_folder() -> Path | None:
     return Path(value) if value else None
 
 
-def cache_key(cfg: TrainConfig) -> str:
+class CorpusSettings(Protocol):
+    """What a trained tokenizer depends on of the run's ``data`` settings
+    (`reference_trainer.stream.data.DataConfig`)."""
+
+    @property
+    def source_weights(self) -> Mapping[str, float]: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def tokenizer_docs(self) -> int: ...
+    @property
+    def tokenizer(self) -> TokenizerConfig: ...
+
+
+class RunSettings(Protocol):
+    """What `cache_key` reads of a run's configuration (`reference_trainer.config.TrainConfig`)."""
+
+    @property
+    def data(self) -> CorpusSettings: ...
+    @property
+    def model(self) -> GPTConfig: ...
+
+
+def cache_key(cfg: RunSettings) -> str:
     """A digest of everything the trained tokenizer depends on: the corpus (sources and
     seed), how many documents it is trained on, its size, how it is built, the library."""
     inputs = {

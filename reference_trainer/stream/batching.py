@@ -23,13 +23,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reference_trainer.model_and_data.data import (
+from reference_trainer.stream.data import (
     DocumentPipeline,
     Encoder,
     TokenLayout,
     encode_next,
 )
-from reference_trainer.model_and_data.token_fallback import TokenFallback
+from reference_trainer.tokenizer.fallback import TokenFallback
 
 #: Documents tokenized together (as the fixed-window stream does).
 #: Target id of a padded position: cross-entropy ignores it.

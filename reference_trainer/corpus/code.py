@@ -7,7 +7,7 @@ import random
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from reference_trainer.model_and_data.corpus_templates import (
+from reference_trainer.corpus.templates import (
     Fill,
     Slots,
     between,

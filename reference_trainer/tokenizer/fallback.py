@@ -37,7 +37,7 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from harness.records.events import Claim, Detected
-from reference_trainer.model_and_data.keep_whole import byte_decoder
+from reference_trainer.tokenizer.keep_whole import byte_decoder
 
 Encoder = Callable[[list[str]], list[list[int]]]
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from reference_trainer.model_and_data.embeddings import DIM, SentenceEmbedder
-from reference_trainer.model_and_data.stages import KEPT, StageVerdict
+from reference_trainer.stages.embeddings import DIM, SentenceEmbedder
+from reference_trainer.stages.stage import KEPT, StageVerdict
 
 _P = 2**32 - 5  # prime: a*x + b < 2**64 for x, a, b < 2**32, so uint64 arithmetic is exact
 _WORDS = re.compile(r"\w+")

@@ -1,6 +1,6 @@
 """The `web` source of the built-in corpus: web-page-like prose (navigation crumbs, a
 heading, a byline, short paragraphs under subheadings, bullet lists, a footer), composed
-from word lists and templates (`corpus_templates`). Every choice comes from the
+from word lists and templates (`templates`). Every choice comes from the
 `random.Random` passed in, so a page is a pure function of its seed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from reference_trainer.model_and_data.corpus_templates import (
+from reference_trainer.corpus.templates import (
     Fill,
     Slots,
     between,

@@ -1,6 +1,6 @@
 """Train the toxicity classifier's logistic head and ship it as toxicity_head.npz.
 
-    python -m reference_trainer.model_and_data.train_toxicity_head [--out PATH]
+    python -m reference_trainer.stages.train_toxicity_head [--out PATH]
 
 The head is fitted with numpy (full-batch gradient descent on the L2-regularized log loss,
 classes weighted to balance) on the embeddings of ``labelled_set("train", ...)`` and
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from reference_trainer.model_and_data.embeddings import SentenceEmbedder
-from reference_trainer.model_and_data.toxicity_classifier import F32, F64, HEAD_PATH, LogisticHead
-from reference_trainer.model_and_data.toxicity_corpus import LabelledText, labelled_set
+from reference_trainer.stages.embeddings import SentenceEmbedder
+from reference_trainer.stages.toxicity_classifier import F32, F64, HEAD_PATH, LogisticHead
+from reference_trainer.stages.toxicity_corpus import LabelledText, labelled_set
 
 TRAIN_SEED, TRAIN_SIZE = 1, 1600
 HELDOUT_SEED, HELDOUT_SIZE = 2, 600

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.stable_embedding import StableEmbedding
+from reference_trainer.model.stable_embedding import StableEmbedding
 
 
 @dataclass(kw_only=True, slots=True)

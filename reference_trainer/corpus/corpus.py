@@ -9,7 +9,7 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from reference_trainer.model_and_data.corpus_sources import GENERATORS as _GENERATORS
+from reference_trainer.corpus.sources import GENERATORS as _GENERATORS
 
 #: New sources go at the end: a source's place decides which documents a seeded draw picks,
 #: so appending (at weight 0 in the default mix) leaves every existing corpus unchanged.

@@ -37,15 +37,15 @@ from harness.records.review import (
     read_queue,
 )
 from harness.run_layout import RunLayout
-from reference_trainer.model_and_data.embeddings import SentenceEmbedder
-from reference_trainer.model_and_data.stages import KEPT, StageVerdict
-from reference_trainer.model_and_data.toxicity_classifier import (
+from reference_trainer.stages.embeddings import SentenceEmbedder
+from reference_trainer.stages.stage import KEPT, StageVerdict
+from reference_trainer.stages.toxicity_classifier import (
     DetoxifyClassifier,
     EmbeddingHeadClassifier,
     LogisticHead,
     ToxicityClassifier,
 )
-from reference_trainer.model_and_data.toxicity_lexicon import Hit, PatternMatcher
+from reference_trainer.stages.toxicity_lexicon import Hit, PatternMatcher
 
 BACKENDS = ("head", "detoxify")
 _SENTENCE_END = re.compile(r"[.!?](?=\s)")
@@ -109,7 +109,7 @@ def build_classifier(
 def hit_sentences(text: str, hits: Sequence[Hit], max_words: int) -> list[str]:
     """The sentences of ``text`` (normalized as tier 1 saw it) that hold a hit, each cut
     to ``max_words`` words around its first hit, in order, without repeats."""
-    from reference_trainer.model_and_data.toxicity_lexicon import normalize_text
+    from reference_trainer.stages.toxicity_lexicon import normalize_text
 
     low = normalize_text(text)
     starts = [0] + [m.end() + 1 for m in _SENTENCE_END.finditer(low)]

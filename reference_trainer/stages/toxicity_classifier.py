@@ -4,7 +4,7 @@ Pluggable behind `ToxicityClassifier`. Two backends:
 
 - ``head`` (the default, offline): a logistic-regression head on all-MiniLM-L6-v2 sentence
   embeddings (`SentenceEmbedder`), its weights shipped as ``toxicity_head.npz`` beside this
-  module and trained by ``python -m reference_trainer.model_and_data.train_toxicity_head``
+  module and trained by ``python -m reference_trainer.stages.train_toxicity_head``
   on the generated labelled set (toxicity_corpus.py). The file also holds how it was
   trained (seed, size) and its held-out precision and recall; it is read with
   ``allow_pickle=False``.
@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from reference_trainer.errors import ConfigError
-from reference_trainer.model_and_data.embeddings import DIM, SentenceEmbedder
+from reference_trainer.stages.embeddings import DIM, SentenceEmbedder
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -73,7 +73,7 @@ class LogisticHead:
         if not path.is_file():
             raise ConfigError(
                 f"toxicity head {path} is missing; train it with "
-                "python -m reference_trainer.model_and_data.train_toxicity_head"
+                "python -m reference_trainer.stages.train_toxicity_head"
             )
         try:
             with np.load(path, allow_pickle=False) as data:

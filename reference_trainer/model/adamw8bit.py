@@ -24,9 +24,7 @@ import torch
 from bitsandbytes.optim.adamw import AdamW8bit as BnbAdamW8bit
 from torch import nn
 
-from reference_trainer.config import OptimConfig
-from reference_trainer.model_and_data.optim import parameter_groups
-from reference_trainer.model_and_data.stable_embedding import StableEmbedding
+from reference_trainer.model.stable_embedding import StableEmbedding
 
 
 class AdamW8bit(BnbAdamW8bit):
@@ -52,13 +50,3 @@ class AdamW8bit(BnbAdamW8bit):
 def full_precision_params(model: nn.Module) -> list[torch.Tensor]:
     """The parameters whose state stays 32-bit: the weights of stable embeddings."""
     return [m.weight for m in model.modules() if isinstance(m, StableEmbedding)]
-
-
-def build_adamw8bit(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """8-bit AdamW over `parameter_groups`; learning rates are set per step."""
-    return AdamW8bit(
-        parameter_groups(model, cfg),
-        lr=0.0,
-        betas=(cfg.beta1, cfg.beta2),
-        full_precision=full_precision_params(model),
-    )

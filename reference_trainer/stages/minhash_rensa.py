@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from reference_trainer.model_and_data.minhash import I64, U32, U64
+from reference_trainer.stages.minhash import I64, U32, U64
 
 # Fixed, arbitrary probe values: their signature pins down the permutations of a seed.
 _PROBE = (np.arange(1, 65, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).astype(np.uint64)

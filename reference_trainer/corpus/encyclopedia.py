@@ -1,6 +1,6 @@
 """The `encyclopedia` source of the built-in corpus: article-like prose (a title, a
 defining first sentence, dates, sections such as History and Description, a "See also"
-list), composed from word lists and templates (`corpus_templates`). Every choice comes
+list), composed from word lists and templates (`templates`). Every choice comes
 from the `random.Random` passed in, so an article is a pure function of its seed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from reference_trainer.model_and_data.corpus_templates import (
+from reference_trainer.corpus.templates import (
     Fill,
     Slots,
     between,

@@ -22,7 +22,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from reference_trainer.model_and_data.corpus import SOURCE_NAMES, generate_text
+from reference_trainer.corpus.corpus import SOURCE_NAMES, generate_text
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 

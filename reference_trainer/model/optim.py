@@ -1,15 +1,71 @@
-"""The optimizer recipe: AdamW parameter groups with layered epsilon, and the LR schedule."""
+"""The optimizer recipe: its settings (`OptimConfig`), AdamW parameter groups with layered
+epsilon, the optimizer they build, and the LR schedule."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from reference_trainer.config import OptimConfig, TrainConfig
+from harness.optimizers import OPTIMIZERS
 from reference_trainer.errors import ConfigError
+from reference_trainer.model.sophia import SophiaConfig, SophiaG
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    """AdamW with layered epsilon, warmup then cosine decay held flat for the last 20%."""
+
+    name: str = "adamw"
+    """Which optimizer: one of `harness.optimizers.OPTIMIZERS`."""
+    base_lr: float = 3e-3
+    """Peak learning rate at the reference batch size."""
+    reference_batch: int = 8
+    """Global batch (sequences) at which the peak learning rate is `base_lr`; other batch
+    sizes scale it by sqrt(global_batch / reference_batch)."""
+    warmup_steps: int = 10
+    """Steps of linear warmup from 0 to the peak."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on matrices; never on norms, biases or embeddings."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps_embedding: float = 1e-6
+    eps_attention: float = 1e-5
+    eps_feed_forward: float = 1e-4
+    sophia: SophiaConfig = field(default_factory=SophiaConfig)
+    """Sophia's own settings, read when `name` is ``sophia`` (docs/stability.md)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(
+                f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}"
+            )
+        for name in ("base_lr", "eps_embedding", "eps_attention", "eps_feed_forward"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"optim.{name} must be > 0, got {getattr(self, name)}")
+        if not (isinstance(self.reference_batch, int) and self.reference_batch > 0):
+            raise ConfigError(
+                f"optim.reference_batch must be a positive integer, got {self.reference_batch!r}"
+            )
+        for name in ("warmup_steps", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+class BatchedRun(Protocol):
+    """What `peak_lr` reads of a run's configuration (`reference_trainer.config.TrainConfig`)."""
+
+    @property
+    def optim(self) -> OptimConfig: ...
+
+    def global_batch(self, world_size: int) -> int: ...
+
 
 #: Which layer a parameter belongs to, by the first part of its name that matches.
 #: A block's pre-norm belongs to the sublayer it feeds; the final norm to the output side
@@ -73,18 +129,21 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
             parameter_groups(model, cfg), lr=0.0, betas=(cfg.beta1, cfg.beta2), foreach=True
         )
     if cfg.name == "adamw8bit":  # imported here: only its runs need bitsandbytes
-        from reference_trainer.model_and_data.adamw8bit import build_adamw8bit
+        from reference_trainer.model.adamw8bit import AdamW8bit, full_precision_params
 
-        return build_adamw8bit(model, cfg)
+        return AdamW8bit(
+            parameter_groups(model, cfg),
+            lr=0.0,
+            betas=(cfg.beta1, cfg.beta2),
+            full_precision=full_precision_params(model),
+        )
     if cfg.name == "sophia":
-        from reference_trainer.model_and_data.sophia import SophiaG
-
         groups = parameter_groups(model, cfg)
         return SophiaG(groups, lr=0.0, betas=(cfg.beta1, cfg.beta2), rho=cfg.sophia.rho)
     raise ConfigError(f"optim.name {cfg.name!r} has no builder in this trainer")
 
 
-def peak_lr(cfg: TrainConfig, world_size: int) -> float:
+def peak_lr(cfg: BatchedRun, world_size: int) -> float:
     """Peak learning rate, scaled by sqrt(global batch / reference batch) (and by Sophia's
     ``lr_scale`` for Sophia)."""
     ratio = cfg.global_batch(world_size) / cfg.optim.reference_batch

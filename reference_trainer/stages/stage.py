@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reference_trainer.model_and_data.dedup import DuplicateFilter
-
 
 @dataclass(frozen=True, slots=True)
 class StageVerdict:
@@ -47,25 +45,3 @@ class DocumentStage(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict`'s output."""
         ...
-
-
-class DedupStage:
-    """The streaming exact and near-duplicate filter (`DuplicateFilter`) as a stage."""
-
-    name = "dedup"
-
-    def __init__(self, dedup: DuplicateFilter) -> None:
-        self.dedup = dedup
-
-    def check_batch(self, documents: Sequence[Any]) -> list[StageVerdict]:
-        """Exact or near duplicates of a kept document are dropped; the rest are indexed."""
-        verdicts = self.dedup.check_batch([(doc.index, doc.text) for doc in documents])
-        return [KEPT if v.keep else StageVerdict(False, v.reason) for v in verdicts]
-
-    def state_dict(self) -> dict[str, Any]:
-        """The filter's index (numpy arrays; the pipeline turns them into tensors)."""
-        return self.dedup.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the filter's index."""
-        self.dedup.load_state_dict(state)
