@@ -43,7 +43,9 @@ class DetectedOracle(ExpectOracle):
         "until rank 0 trains a calm step again, and before another fault of the plan), or a "
         "claim (a `detected` event, a `checkpoint_rejected` as `checkpoint_integrity`, a "
         "`rank_lost`) that this answer backs: on the claim's rank or rank 0, at the claim's "
-        "step or at most 5 of its rank's steps after it",
+        "step or at most 5 of its rank's steps after it. A scenario of the reference trainer "
+        "may name only the detectors docs/journal.md lists (a command trainer's, its own "
+        "claims too)",
         figure="latency in steps (and seconds)",
     )
     within_steps: int | None = None
