@@ -14,6 +14,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from harness.records.event_base import Reported
+from harness.records.events import (
+    CheckpointLoaded,
+    Diagnosed,
+    FaultInjected,
+    Recovered,
+    Restart,
+    RunStart,
+)
 from harness.records.journal import Journal
 from harness.records.microscope_file import (
     WHY_AFTER,
@@ -22,6 +31,7 @@ from harness.records.microscope_file import (
     Microscope,
     RankSeries,
 )
+from harness.records.step_events import StepObserved
 
 #: Most heatmap columns; beyond it consecutive records are grouped (max per group).
 MAX_COLUMNS = 200
@@ -51,7 +61,7 @@ class Marks:
     diagnoses: list[Diagnosis] = field(default_factory=list)
 
 
-RECOVERY_KINDS = frozenset({"recovered", "restart", "checkpoint_loaded", "run_start"})
+RECOVERY_KINDS: tuple[type[Reported], ...] = (Recovered, Restart, CheckpointLoaded, RunStart)
 
 
 def _recoveries(journal: Journal) -> list[int]:
@@ -66,13 +76,13 @@ def _recoveries(journal: Journal) -> list[int]:
     stepped: set[int] = set()  # ranks that journaled a step already
     pending: set[int] = set()  # ranks with a recovery not placed yet
     for e in journal:
-        if e.kind == "step":
+        if e.is_(StepObserved):
             if e.rank in pending:
                 pending.discard(e.rank)
                 steps.add(max(e.step - 1, 0))
             stepped.add(e.rank)
-        elif e.kind in RECOVERY_KINDS:
-            if e.kind == "run_start" and e.rank not in stepped and e.step == 0:
+        elif e.is_(*RECOVERY_KINDS):
+            if e.is_(RunStart) and e.rank not in stepped and e.step == 0:
                 continue
             if e.step == 0 and e.rank in stepped:
                 pending.add(e.rank)
@@ -85,7 +95,7 @@ def _recoveries(journal: Journal) -> list[int]:
 
 def marks_from_journal(journal: Journal) -> Marks:
     """Faults injected (with the rank they hit), recoveries and restarts, diagnoses."""
-    faults = sorted({(e.step, e.rank) for e in journal if e.kind == "fault_injected"})
+    faults = sorted({(e.step, e.rank) for e in journal if e.is_(FaultInjected)})
     diagnoses = [
         Diagnosis(
             step=e.step,
@@ -94,7 +104,7 @@ def marks_from_journal(journal: Journal) -> Marks:
             rule=e.get("rule") if isinstance(e.get("rule"), str) else None,
         )
         for e in journal
-        if e.kind == "diagnosed"
+        if e.is_(Diagnosed)
     ]
     return Marks(faults=faults, recoveries=_recoveries(journal), diagnoses=diagnoses)
 

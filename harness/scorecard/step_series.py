@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import JournalError
+from harness.records.event_base import Reported
+from harness.records.events import Detected, FaultInjected, Recovered, Restart
 from harness.records.journal import Journal, read_journal
+from harness.records.step_events import StepObserved
 
 #: A plotted value: None where the journal recorded none (a gap, not a fault).
 Value = float | None
@@ -36,13 +39,13 @@ def _number(value: object) -> Value:
 
 def series_from_journal(journal: Journal) -> StepSeries:
     """Rank 0's steps (or the lowest rank that journaled steps) and the marked events."""
-    step_ranks = sorted({e.rank for e in journal if e.kind == "step"})
+    step_ranks = sorted({e.rank for e in journal if e.is_(StepObserved)})
     rank = 0 if 0 in step_ranks or not step_ranks else step_ranks[0]
-    steps = [e for e in journal if e.kind == "step" and e.rank == rank]
+    steps = [e for e in journal if e.is_(StepObserved) and e.rank == rank]
 
-    def marked(*kinds: str) -> list[int]:
+    def marked(*kinds: type[Reported]) -> list[int]:
         # Every rank's claims count: a fault is often injected on a rank other than 0.
-        return sorted({e.step for e in journal if e.kind in kinds})
+        return sorted({e.step for e in journal if e.is_(*kinds)})
 
     return StepSeries(
         steps=[e.step for e in steps],
@@ -50,9 +53,9 @@ def series_from_journal(journal: Journal) -> StepSeries:
         grad_norm=[_number(e.get("grad_norm")) for e in steps],
         loss_scale=[_number(e.get("loss_scale")) for e in steps],
         skipped=[e.step for e in steps if e.get("skipped") is True],
-        faults=marked("fault_injected"),
-        detections=marked("detected"),
-        recoveries=marked("recovered", "restart"),
+        faults=marked(FaultInjected),
+        detections=marked(Detected),
+        recoveries=marked(Recovered, Restart),
     )
 
 
