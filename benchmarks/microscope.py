@@ -33,8 +33,8 @@ from rich.table import Table
 
 from harness.records.microscope_file import MICROSCOPE_ENV, bytes_on_disk, read_microscope
 
-#: Runs the reference trainer with the recorder's calls (and the histograms its output hooks
-#: take during forward) timed, and writes their total seconds to $RECORDER_TIME_OUT at exit.
+#: Runs the reference trainer with the recorder's calls (and the samples its output hooks
+#: take during forward; they are binned inside the recorder's calls) timed, and writes their total seconds to $RECORDER_TIME_OUT at exit.
 TIMED = """
 import atexit, json, os, runpy, sys, time
 from harness.inside import microscope
@@ -50,7 +50,8 @@ def timed(f):
 for name in ("begin_step", "after_backward", "before_update", "after_update", "end_step",
              "mark_anomaly", "fault_injected", "close"):
     setattr(microscope.Microscope, name, timed(getattr(microscope.Microscope, name)))
-microscope.histogram = timed(microscope.histogram)
+from harness.inside import layer_figures  # the output hooks' sampling, during forward
+layer_figures.OutputSamples.add = timed(layer_figures.OutputSamples.add)
 atexit.register(lambda: open(os.environ["RECORDER_TIME_OUT"], "w").write(json.dumps(spent[0])))
 sys.argv = ["reference_trainer", *sys.argv[1:]]
 runpy.run_module("reference_trainer", run_name="__main__")

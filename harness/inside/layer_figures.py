@@ -142,7 +142,9 @@ class OutputSamples:
         """Counts of ``|output|`` per layer in the microscope's fixed bins
         (microscope_file.BIN_LABELS), int64 ``[layers, bins]``."""
         if self._kept:
-            layers = torch.cat([torch.full((len(x),), i, dtype=torch.long) for i, x in self._kept])
+            index = torch.tensor([i for i, _ in self._kept])
+            sizes = torch.tensor([len(x) for _, x in self._kept])
+            layers = torch.repeat_interleave(index, sizes)
             self._counts += _bin([x for _, x in self._kept], layers, len(self._counts))
             self._kept = []
         return self._counts
