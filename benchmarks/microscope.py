@@ -34,7 +34,8 @@ from rich.table import Table
 from harness.records.microscope_file import MICROSCOPE_ENV, bytes_on_disk, read_microscope
 
 #: Runs the reference trainer with the recorder's calls (and the samples its output hooks
-#: take during forward; they are binned inside the recorder's calls) timed, and writes their total seconds to $RECORDER_TIME_OUT at exit.
+#: take during forward; they are binned inside the recorder's calls) timed, and writes
+#: their total seconds to $RECORDER_TIME_OUT at exit.
 TIMED = """
 import atexit, json, os, runpy, sys, time
 from harness.inside import microscope
