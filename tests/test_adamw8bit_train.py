@@ -12,8 +12,8 @@ import yaml
 from harness.records.journal import read_journal
 from harness.running.runner import RunOptions, run_suite
 from harness.suites.suite_loader import parse_suite
-from reference_trainer import step as step_module
 from reference_trainer.checkpoints import files as ckpt
+from reference_trainer.stability import clipping_step
 
 from .test_trainer import assert_same_tensors, final_state, run, tiny
 
@@ -45,13 +45,13 @@ def test_the_trainer_clips_adamw8bit_at_half_of_adamws_threshold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     thresholds: dict[str, list[float]] = {}
-    real = step_module.clip_gradients
+    real = clipping_step.clip_gradients
 
     def spy(layers: Any, threshold: float, factors: Any) -> tuple[float, float]:
         thresholds[current].append(threshold)
         return real(layers, threshold, factors)
 
-    monkeypatch.setattr(step_module, "clip_gradients", spy)
+    monkeypatch.setattr(clipping_step, "clip_gradients", spy)
     for current in ("adamw", "adamw8bit"):
         thresholds[current] = []
         cfg = tiny(steps=2, checkpoint_every=2)
