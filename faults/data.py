@@ -31,7 +31,7 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol
 from pydantic import Field
 
 from faults.bias import Bias
-from faults.document_stream import InjectedStream
+from faults.document_stream import InjectedStream, SlotSpec
 from faults.document_stream import StreamDocument as StreamDocument
 from faults.injector import Injector
 from faults.spec import FaultClass, FaultSpec, Reach, Trigger, seeded
@@ -114,15 +114,9 @@ def near_duplicate(text: str, edits: int, rng: random.Random) -> str:
     return seps[0] + "".join(w + s for w, s in zip(words, seps[1:], strict=True))
 
 
-class StreamSpec(Protocol):
-    """What a contaminated stream reads of its fault's spec."""
+class StreamSpec(SlotSpec, Protocol):
+    """What a contaminated stream reads of its fault's spec: its slots' fields and more."""
 
-    @property
-    def kind(self) -> str: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def rate(self) -> float: ...
     @property
     def pool(self) -> int: ...
     @property

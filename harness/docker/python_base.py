@@ -242,6 +242,18 @@ def _label(client: docker.DockerClient, tag: str, label: str) -> str | None:
     return str(value) if value is not None else None
 
 
+def image_settings(layout: str) -> list[str]:
+    """The imported image's environment, and ``layout`` as its label (the hash of the files
+    it was made from), as ``docker import`` changes."""
+    return [
+        "ENV PATH=/usr/local/bin:/usr/bin:/bin",
+        # The interpreter's libpython moved to /usr/local/lib with it.
+        "ENV LD_LIBRARY_PATH=/usr/local/lib",
+        "ENV LANG=C.UTF-8",
+        f"LABEL {LAYOUT_LABEL}={layout}",
+    ]
+
+
 def ensure_python_image(client: docker.DockerClient, tag: str = PYTHON_IMAGE) -> str:
     """Import the host's Python as the image ``tag`` unless the image there was made from
     the same files; the hash of those files."""
@@ -250,13 +262,7 @@ def ensure_python_image(client: docker.DockerClient, tag: str = PYTHON_IMAGE) ->
     if _label(client, tag, LAYOUT_LABEL) == layout:
         return layout
     repository, _, version = tag.rpartition(":")
-    changes = [
-        "ENV PATH=/usr/local/bin:/usr/bin:/bin",
-        # The interpreter's libpython moved to /usr/local/lib with it.
-        "ENV LD_LIBRARY_PATH=/usr/local/lib",
-        "ENV LANG=C.UTF-8",
-        f"LABEL {LAYOUT_LABEL}={layout}",
-    ]
+    changes = image_settings(layout)
     with tempfile.TemporaryFile() as handle:
         python_root_tar(handle, sources)
         handle.seek(0)

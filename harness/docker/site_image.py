@@ -29,6 +29,7 @@ from harness.docker.python_base import (
     _BaseSources,
     _label,
     _RootTar,
+    image_settings,
     write_python_root,
 )
 
@@ -140,12 +141,7 @@ def ensure_site_image(client: docker.DockerClient, tag: str = SITE_IMAGE) -> str
     if _label(client, tag, LAYOUT_LABEL) == key:
         return key
     repository, _, version = tag.rpartition(":")
-    changes = [
-        "ENV PATH=/usr/local/bin:/usr/bin:/bin",
-        "ENV LD_LIBRARY_PATH=/usr/local/lib",
-        "ENV LANG=C.UTF-8",
-        f"LABEL {LAYOUT_LABEL}={key}",
-    ]
+    changes = image_settings(key)
     with tempfile.TemporaryDirectory(prefix="tightrope-site-") as folder:
         tar_path = Path(folder) / "root.tar"
         site_root_tar(tar_path, dists, sources)
