@@ -40,6 +40,7 @@ __all__ = [
     "LayerStatsObserved",
     "MetricsFailed",
     "MicroscopeFailed",
+    "RankBlamed",
     "RankLost",
     "Recovered",
     "Reported",
@@ -191,6 +192,17 @@ class RankLost(Reported):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RankBlamed(Reported):
+    """A rank was named as the culprit of a failure or a slowdown: a straggler, the rank a
+    collective waited for, the rank that raised or crashed."""
+
+    kind: ClassVar[str] = "rank_blamed"
+    blamed_rank: int = required("The rank named as the culprit.")
+    detector: str = required("What named it: a detector name (docs/journal.md, Detectors).")
+    reason: str = optional("Why, in words: the score, the collective, the exception.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Restart(Reported):
     """Workers came back after a failure."""
 
@@ -238,7 +250,16 @@ class RunEnd(Reported):
 
 
 #: Everything a trainer may claim.
-Claim = Detected | Recovered | CheckpointSaved | CheckpointRejected | Restart | RankLost | Diagnosed
+Claim = (
+    Detected
+    | Recovered
+    | CheckpointSaved
+    | CheckpointRejected
+    | Restart
+    | RankLost
+    | RankBlamed
+    | Diagnosed
+)
 
 #: Every event kind, in the order the schema and docs/journal.md list them.
 ALL: tuple[type[Reported], ...] = (
@@ -259,6 +280,7 @@ ALL: tuple[type[Reported], ...] = (
     FileLoadFailed,
     CommandAnswered,
     RankLost,
+    RankBlamed,
     Restart,
     MetricsFailed,
     MicroscopeFailed,
