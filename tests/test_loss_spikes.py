@@ -373,6 +373,24 @@ def test_forecaster_works_under_no_grad() -> None:
     assert found == expected
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_robust_zscore_catches_a_level_shift_that_no_single_step_scores(seed: int) -> None:
+    """A lasting 15% rise on a quiet curve, at the trainer's spike threshold (8): each change
+    is inside the noise the spike test allows (no claim with the level check off), but the
+    recent median sits far above the one before it: one level claim, within two level
+    windows, then the new level is kept."""
+    losses, at = spiked(seed, 0.05, 1.15, 80, at=100)
+    off = RobustZScoreConfig(z_threshold=8.0, level_window=0)
+    assert claims(RobustZScoreDetector(off), losses) == []
+    found = claims(RobustZScoreDetector(RobustZScoreConfig(z_threshold=8.0)), losses)
+    k = RobustZScoreConfig().level_window
+    assert [c.details.get("level_shift") for c in found] == [1.0], found
+    (claim,) = found
+    assert at <= claim.step <= at + 2 * k
+    assert claim.details["level_recent"] > claim.details["level_before"]
+    assert claim.details["z"] > claim.details["threshold"]
+
+
 # -- configuration and the monitor ---------------------------------------------------------
 
 
@@ -383,6 +401,8 @@ def test_forecaster_works_under_no_grad() -> None:
         (lambda: RobustZScoreConfig(z_threshold=0), "spikes.robust.z_threshold"),
         (lambda: RobustZScoreConfig(patience=0), "spikes.robust.patience"),
         (lambda: RobustZScoreConfig(min_history=60), "spikes.robust.min_history"),
+        (lambda: RobustZScoreConfig(level_window=30), "spikes.robust.level_window"),
+        (lambda: RobustZScoreConfig(level_threshold=0), "spikes.robust.level_threshold"),
         (lambda: EarlyMaxConfig(early_steps=0), "spikes.early_max.early_steps"),
         (lambda: EarlyMaxConfig(factor=1.0), "spikes.early_max.factor"),
         (lambda: ForecastConfig(context=0), "spikes.forecast.context"),

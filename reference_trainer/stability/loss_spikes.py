@@ -8,7 +8,10 @@ Each sees one loss per optimizer step through ``observe(step, loss)`` and return
   median and 1.4826·MAD of the changes within a rolling window of accepted losses. Changes,
   not levels: on a falling curve a 50-step window's median sits above the current loss by
   more than a 2x spike adds. Losses over the threshold never enter the window; ``patience``
-  consecutive exceedances are needed to fire.
+  consecutive exceedances are needed to fire. A level shift (a sustained jump whose single
+  step is too small to score) is caught apart: the median of the last ``level_window``
+  accepted losses against the median of the ``level_window`` before them, in standard errors
+  of that difference; once it fires, the next ``2·level_window`` steps are the new level's.
 - ``early_max``: Megatron-LM's spiky-loss rule: fire when |loss| exceeds ``factor`` times the
   largest |loss| of the first ``early_steps`` steps observed. Blind to anything smaller.
 - ``forecast``: a one-layer LSTM, trained online (a few Adam steps per step) on the run's
@@ -84,6 +87,12 @@ class RobustZScoreConfig:
     """Added to the scale."""
     rel_floor: float = 1e-3
     """Lower bound on the scale as a fraction of the last accepted loss (flat curves)."""
+    level_window: int = 10
+    """Accepted losses whose median is held against the median of as many before them (a
+    level shift); 0 turns the level check off."""
+    level_threshold: float = 6.0
+    """A rise of the recent median over the earlier one, in standard errors of that
+    difference, above which the level check fires."""
 
     def __post_init__(self) -> None:
         p = "robust."
@@ -94,10 +103,15 @@ class RobustZScoreConfig:
         _check(ok, p + "min_history", f"in [3, window={self.window}]", self.min_history)
         _check(self.eps >= 0, p + "eps", ">= 0", self.eps)
         _check(self.rel_floor >= 0, p + "rel_floor", ">= 0", self.rel_floor)
+        ok = self.level_window == 0 or 3 <= self.level_window <= self.window // 2
+        rule = f"0 or in [3, window/2={self.window // 2}]"
+        _check(ok, p + "level_window", rule, self.level_window)
+        _check(self.level_threshold > 0, p + "level_threshold", "> 0", self.level_threshold)
 
 
 class RobustZScoreDetector:
-    """Fires when a loss jumps far above the window's typical step-to-step change."""
+    """Fires when a loss jumps far above the window's typical step-to-step change, or when
+    the recent losses sit well above the ones before them (a level shift)."""
 
     name: str = "robust_zscore"
 
@@ -105,6 +119,7 @@ class RobustZScoreDetector:
         self.config = config or RobustZScoreConfig()
         self.window: deque[float] = deque(maxlen=self.config.window)
         self.count = 0
+        self.quiet = 0  # steps left in which the level check keeps still (after it fired)
 
     def observe(self, step: int, loss: float) -> SpikeClaim | None:
         """Score the change from the last accepted loss; a claim after `patience` in a row."""
@@ -124,7 +139,7 @@ class RobustZScoreDetector:
         if z <= cfg.z_threshold:
             self.count = 0
             self.window.append(loss)
-            return None
+            return self._level(step, loss, mad)
         self.count += 1
         if self.count < cfg.patience:
             return None
@@ -133,20 +148,49 @@ class RobustZScoreDetector:
             scale=scale, z=z, threshold=cfg.z_threshold, patience_count=self.count,
         )  # fmt: skip
 
+    def _level(self, step: int, loss: float, mad: float) -> SpikeClaim | None:
+        """The level check, once ``loss`` is accepted: the recent median against the one
+        before it, scaled by the standard error of their difference (the noise of one loss
+        is 1.4826·MAD/√2 of the changes; a median of k losses has 1.2533·σ/√k)."""
+        cfg, k = self.config, self.config.level_window
+        if self.quiet > 0:
+            self.quiet -= 1
+            return None
+        if not k or len(self.window) < 2 * k:
+            return None
+        losses = list(self.window)
+        before, recent = float(np.median(losses[-2 * k : -k])), float(np.median(losses[-k:]))
+        error = 1.2533 * (1.4826 * mad / math.sqrt(2)) * math.sqrt(2 / k)
+        scale = max(error, cfg.rel_floor * abs(before)) + cfg.eps
+        z = (recent - before) / scale
+        if z <= cfg.level_threshold:
+            return None
+        self.quiet = 2 * k
+        return _claim(
+            self.name, step, loss, non_finite=0, level_shift=1, level_before=before,
+            level_recent=recent, scale=scale, z=z, threshold=cfg.level_threshold,
+        )  # fmt: skip
+
     def state_dict(self) -> dict[str, Any]:
-        """The window and the current run of exceedances."""
-        return {"detector": self.name, "window": list(self.window), "count": self.count}
+        """The window, the current run of exceedances and the level check's quiet steps."""
+        return {
+            "detector": self.name,
+            "window": list(self.window),
+            "count": self.count,
+            "quiet": self.quiet,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict`."""
+        """Restore a `state_dict` (one saved before the level check: no quiet steps)."""
         _same_detector(self.name, state)
         self.window = deque((float(x) for x in state["window"]), maxlen=self.config.window)
         self.count = int(state["count"])
+        self.quiet = int(state.get("quiet", 0))
 
     def reset(self) -> None:
         """Forget all history."""
         self.window.clear()
-        self.count = 0
+        self.count = self.quiet = 0
 
 
 # -- early max ----------------------------------------------------------------------------
