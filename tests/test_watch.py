@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from harness.commands.main import main
+from harness.live import heatmap
 from harness.live.hot_layers import from_microscope, hottest
 from harness.live.watch_reader import JournalTail, WatchReader
 from harness.records.journal import JournalWriter
@@ -426,3 +427,63 @@ def test_non_finite_gradients_rank_first_and_unmeasured_records_are_skipped(
     assert rows[2].ratio == pytest.approx(50.0)
     d = rows[3]  # its last measured record is step 10, at its median
     assert (d.layer, d.step, d.hot) == ("d", 10, False) and d.ratio == pytest.approx(1.0)
+
+
+# -- the gradient heatmap -----------------------------------------------------------------
+
+
+def _map_rows(out: str) -> dict[str, str]:
+    """The heatmap's cells by layer (its rows lie between its title and its legend)."""
+    rows = _section(out, "gradient heatmap")
+    cells = {}
+    for row in rows:
+        parts = row.strip("│ ").split()
+        if len(parts) == 2 and parts[0] in LAYERS:
+            cells[parts[0]] = parts[1]
+    return cells
+
+
+def test_the_heatmap_shows_the_hot_layer_at_its_step_on_its_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _once(finished_run(tmp_path, hot="blocks.0.attn"), capsys)
+    # rank 1's map, without --rank: the hot layer is rank 1's
+    assert "rank 1, steps 1-30" in out.split("gradient heatmap", 1)[1].splitlines()[0]
+    cells = _map_rows(out)
+    assert set(cells) == set(LAYERS) and all(len(c) == 30 for c in cells.values())
+    assert cells["blocks.0.attn"] == "▃" * 29 + "█"  # 40x its median at step 30 only
+    assert all(set(c) == {"▃"} for name, c in cells.items() if name != "blocks.0.attn")
+    # Negative control: rank 0's map has nothing hot.
+    quiet = _map_rows(_once(tmp_path, capsys, "--rank", "0"))
+    assert set(quiet) == set(LAYERS) and all(set(c) == {"▃"} for c in quiet.values())
+
+
+def test_the_heatmap_marks_non_finite_and_unmeasured_cells(tmp_path: Path) -> None:
+    writer = MicroscopeWriter(tmp_path, rank=0, restart=0, layers=["a", "b", "c", "d"])
+    ones = np.ones(4, dtype=np.float32)
+    hist = np.zeros((4, len(histogram(np.ones(1)))), dtype=np.int64)
+    for step in range(1, 11):
+        writer.add(Record(step, WHY_PERIODIC, 0.0, ones.copy(), ones, ones * 1e-3, hist))
+    grad = np.array([np.nan, np.inf, 0.1, np.nan], dtype=np.float32)
+    weight = np.array([1.0, 1.0, 1.0, np.nan], dtype=np.float32)  # d: not measured here
+    writer.add(Record(11, WHY_PERIODIC, 0.0, grad, weight, ones * 1e-3, hist))
+    writer.flush()
+    found = heatmap.from_microscope(read_microscope(tmp_path), rank=0)
+    assert found is not None and found.steps == list(range(1, 12))
+    last = [found.cell(i, 10)[0] for i in range(4)]
+    assert last == ["!", "!", "▁", "·"]  # NaN, inf, a vanishing gradient, not measured
+    assert heatmap.from_microscope(read_microscope(tmp_path), rank=1) is None
+
+
+def test_the_heatmap_falls_back_to_layer_stats(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with JournalWriter(tmp_path, rank=0) as w:
+        _start(w, world=1)
+        _steps(w, 1, 3)
+        assert "gradient heatmap: no per-layer records" in _once(tmp_path, capsys)
+        for step in range(1, 6):
+            grads = {"embed": 1.0, "head": 1.0 if step < 5 else None}  # null: not finite
+            w.emit("layer_stats", step, layers={k: {"grad_norm": v} for k, v in grads.items()})
+    cells = _map_rows(_once(tmp_path, capsys))
+    assert cells == {"embed": "▃▃▃▃▃", "head": "▃▃▃▃!"}

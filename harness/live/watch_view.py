@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from harness.live import heatmap
 from harness.live.hot_layers import HotLayer, from_layer_stats, from_microscope, hottest
 from harness.live.watch_reader import RankState, Snapshot
 
@@ -148,6 +149,16 @@ def _layers_table(snapshot: Snapshot, rank: int | None) -> RenderableType:
     return table
 
 
+def _heatmap(snapshot: Snapshot, rank: int | None, shown: int) -> RenderableType:
+    """The rank asked for, else the one with the hottest layer, else the one shown above."""
+    if rank is None:
+        _, layers = hot_layers(snapshot, None)
+        rank = layers[0].rank if layers else shown
+    if snapshot.microscope:
+        return heatmap.render(heatmap.from_microscope(snapshot.microscope, rank))
+    return heatmap.render(heatmap.from_layer_stats(snapshot.layer_history, rank))
+
+
 def _faults(snapshot: Snapshot) -> RenderableType:
     s = snapshot.status
     lines = [
@@ -209,6 +220,8 @@ def render(snapshot: Snapshot, rank: int | None = None) -> RenderableType:
         _step_table(snapshot.ranks.get(shown), shown),
         Text(""),
         _layers_table(snapshot, rank),
+        Text(""),
+        _heatmap(snapshot, rank, shown),
         Text(""),
         _faults(snapshot),
         Text(""),
