@@ -32,6 +32,7 @@ from faults.gil import HOLDER_THREAD, GilLockInjector, GilLockSpec
 from faults.injector import Injection, StepContext
 from faults.oom import OomInjector, OomSpec
 from faults.registry import parse_fault
+from harness.soak.plan import draw_plan, soak_kinds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,3 +186,15 @@ def test_oom_names_the_modules_it_could_not_find() -> None:
     ctx, _ = context(model=Tiny())
     with pytest.raises(InjectionError, match=r"no module matches target 'blocks\.\*'"):
         OomInjector(OomSpec(at_step=7, target="blocks.*")).before_forward(ctx)
+
+
+def test_the_soak_draws_the_crash_kinds_with_their_fields() -> None:
+    crash_kinds = ["rank_exception", "segfault", "abort", "gil_lock", "oom"]
+    assert set(crash_kinds) <= set(soak_kinds())
+    plan = draw_plan(seed=3, steps=200, rate=0.5, kinds=crash_kinds)
+    drawn = {f.kind for f in plan.faults}
+    assert drawn == set(crash_kinds)
+    for fault in plan.faults:
+        assert fault.at_step is not None and fault.target_ranks(2)  # each hits some rank
+        if isinstance(fault, GilLockSpec):
+            assert 0 < fault.seconds <= 60
