@@ -7,7 +7,7 @@ negative control: no cause journaled, nobody blamed, no crash report left.
 
 What the fault hit is read from its own `fault_injected` event (`details.rank`); what was
 blamed from `rank_blamed`; the restarts and resumes from the journal and the checkpoints
-on disk, never from the trainer's word alone. About 4 minutes alone on 2 cores (five
+on disk, never from the trainer's word alone. About 6 minutes on 2 shared, loaded cores (five
 restarts of a tiny model; torchrun's restart is most of it)."""
 
 from __future__ import annotations
