@@ -21,6 +21,7 @@ The restart's ``reason`` says it in words: which rank died, how, at which step.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,9 @@ class Cause:
     def words(self) -> str:
         """The cause in one line."""
         if self.how == "signal":
-            return f"rank {self.rank} died by {self.what} after step {self.step}"
+            return f"rank {self.rank} died by {self.what} after step {self.step}" + (
+                f" ({self.message})" if self.message else ""
+            )
         return f"rank {self.rank} raised {self.what} at step {self.step}: {self.message}"
 
     def claims(self) -> list[Claim]:
@@ -107,24 +110,40 @@ def signal_of(report: str) -> str | None:
     return None
 
 
+def where(report: str) -> str:
+    """The innermost Python frame of the thread that crashed, as faulthandler wrote it
+    (``File "x.py", line 7 in f``); empty when the report has none."""
+    lines = report.splitlines()
+    for n, line in enumerate(lines):
+        if line.startswith("Current thread"):
+            frames = [f.strip() for f in lines[n + 1 :] if f.strip().startswith("File ")]
+            return frames[0] if frames else ""
+    return ""
+
+
 class CrashReport:
     """One attempt of one rank: faulthandler writing into its crash file while it runs."""
 
     def __init__(self, run_dir: Path, rank: int, restart: int) -> None:
         self.path = RunLayout(run_dir).crash_file(rank, restart)
         self._file: IO[str] | None = None
+        self._was_on = False
 
     def install(self) -> None:
         """Fatal signals are reported into the crash file from now on."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._was_on = faulthandler.is_enabled()  # (python -X faulthandler: to stderr)
         self._file = self.path.open("w")
         faulthandler.enable(file=self._file, all_threads=True)
 
     def uninstall(self) -> None:
-        """The attempt ended without a fatal signal: no report is left behind."""
+        """The attempt ended without a fatal signal: no report is left behind, and a
+        faulthandler that was on before writes to stderr again."""
         if self._file is None:
             return
         faulthandler.disable()
+        if self._was_on:
+            faulthandler.enable(all_threads=True)
         self._file.close()
         self._file = None
         if self.path.exists() and self.path.stat().st_size == 0:
@@ -150,7 +169,7 @@ def signal_causes(run_dir: Path, attempt: int) -> list[Cause]:
             continue
         sig = signal_of(report)
         if sig is not None and rank not in ended:
-            causes.append(Cause(rank, last.get(rank, 0), "signal", sig))
+            causes.append(Cause(rank, last.get(rank, 0), "signal", sig, where(report)))
     return causes
 
 
@@ -183,6 +202,11 @@ def journal_restart(agent: Agent, run_dir: Path, *, restart: int, main: bool, na
         return
     by_signal = signal_causes(run_dir, restart - 1)
     causes = sorted([*by_signal, *exception_causes(run_dir, restart - 1)], key=lambda c: c.rank)
+    if main:  # the empty reports of killed attempts say nothing (never this attempt's)
+        for path in RunLayout(run_dir).crashes.glob("rank-*-restart-*.txt"):
+            with contextlib.suppress(OSError, ValueError):
+                if int(path.stem.rsplit("-", 1)[1]) < restart and path.stat().st_size == 0:
+                    path.unlink()
     if main:  # (before the restart: the restart observed is what backs these claims)
         for cause in by_signal:
             for claim in cause.claims():
