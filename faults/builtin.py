@@ -22,7 +22,16 @@ from faults.checkpoint import (
     ZeroPageInjector,
     ZeroPageSpec,
 )
+from faults.crash import (
+    AbortInjector,
+    AbortSpec,
+    RankExceptionInjector,
+    RankExceptionSpec,
+    SegfaultInjector,
+    SegfaultSpec,
+)
 from faults.data import DuplicateContaminationInjector, DuplicateContaminationSpec
+from faults.gil import GilLockInjector, GilLockSpec
 from faults.injector import Injector
 from faults.loss_spike import BadBatchInjector, BadBatchSpec, LrSpikeInjector, LrSpikeSpec
 from faults.node import NodeInjector, NodeKillSpec, NodePauseSpec, NodeStopSpec
@@ -38,6 +47,7 @@ from faults.numeric import (
     NanGradInjector,
     NanGradSpec,
 )
+from faults.oom import OomInjector, OomSpec
 from faults.paraphrase import ParaphraseContaminationInjector, ParaphraseContaminationSpec
 from faults.process import (
     HangInjector,
@@ -84,4 +94,10 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     (KillSpec, KillInjector),
     (HangSpec, HangInjector),
     (PreemptSpec, PreemptInjector),
+    # process: crashing, wedged and out-of-memory ranks (faults/crash.py, gil.py, oom.py)
+    (RankExceptionSpec, RankExceptionInjector),
+    (SegfaultSpec, SegfaultInjector),
+    (AbortSpec, AbortInjector),
+    (GilLockSpec, GilLockInjector),
+    (OomSpec, OomInjector),
 )

@@ -19,6 +19,8 @@ TRAINER_MECHANISMS = {
     "semantic_dedup": "paraphrases of kept documents dropped (sentence embeddings of candidates)",
     "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
     "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
+    "crash_report": "a rank dead by an exception or a fatal signal is journaled with its cause "
+    "and blamed; the restart names it",
     "lr_floor": "the last 20% trains at a small learning rate (10% of the peak), not at zero",
     "layer_stats": "per-layer statistics, the layer swing detector, diagnosis of the problem layer",
     "underflow": "a layer that stopped updating is detected; fp16 raises the loss scale",

@@ -81,6 +81,15 @@ class RunLayout:
         return self.heartbeats / f"rank-{rank}.json"
 
     @property
+    def crashes(self) -> Path:
+        return self.root / "crashes"
+
+    def crash_file(self, rank: int, restart: int) -> Path:
+        """What ``faulthandler`` wrote when one attempt of a rank died by a fatal signal
+        (SIGSEGV, SIGABRT, ...): empty, and removed, when the attempt ended otherwise."""
+        return self.crashes / f"rank-{rank}-restart-{restart}.txt"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics"
 
@@ -147,6 +156,7 @@ class RunLayout:
             self.journal,
             self.checkpoints,
             self.heartbeats,
+            self.crashes,
             self.metrics,
             self.microscope,
             self.control,

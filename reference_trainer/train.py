@@ -14,7 +14,7 @@ from faults import FaultPlan
 from harness.errors import TightropeError
 from harness.inside.agent import Agent
 from harness.inside.microscope import MicroscopeOptions
-from harness.records.events import Detected, RankLost, Recovered, Restart
+from harness.records.events import Detected, RankLost, Recovered
 from harness.run_layout import RunLayout
 from reference_trainer.build import build, seed_everything
 from reference_trainer.checkpoints import files as ckpt
@@ -29,6 +29,11 @@ from reference_trainer.checkpoints.schedule import SaveSchedule
 from reference_trainer.config import TrainConfig
 from reference_trainer.errors import TrainingFailed
 from reference_trainer.processes import distributed
+from reference_trainer.processes.crash_report import (
+    CrashReport,
+    journal_exception,
+    journal_restart,
+)
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.processes.preemption import Preemption, journal_preemption
 from reference_trainer.processes.watchdog import Heartbeat
@@ -164,6 +169,9 @@ class Run:
             if watchdog.enabled
             else None
         )
+        self.crashes = (
+            CrashReport(run_dir, topo.rank, topo.restart) if cfg.stability.crash_report else None
+        )
         if self.heartbeat is not None and self.trainer.embedder is not None:
             # Loading the embedding model mid-step takes seconds: not a hang.
             self.trainer.embedder.around_load = self.heartbeat.slow
@@ -238,7 +246,10 @@ class Run:
             config=cfg.to_dict(),
         )
         if topo.restart:
-            agent.claim(Restart(count=topo.restart, reason="launcher restarted the workers"))
+            named = self.crashes is not None
+            journal_restart(
+                agent, self.run_dir, restart=topo.restart, main=topo.is_main, named=named
+            )
             if topo.is_main:
                 for rank in lost_ranks(self.run_dir, topo.restart - 1):
                     why = f"its process ended without a run_end in attempt {topo.restart - 1}"
@@ -250,6 +261,8 @@ class Run:
         step = 0
         status, reason, loss = "failed", "interrupted", math.nan
         self.preemption.install()
+        if self.crashes is not None:
+            self.crashes.install()
         try:
             if resume and self._has_checkpoints():
                 path, state = self.checkpoints.load_valid()
@@ -263,6 +276,8 @@ class Run:
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            if self.crashes is not None:
+                journal_exception(agent, exc, topo.rank)
             if isinstance(exc, TightropeError) and not isinstance(exc, TrainingFailed):
                 # The run dir has changed by now: no longer bad input (the CLI exits 1).
                 raise TrainingFailed(str(exc)) from exc
@@ -272,6 +287,8 @@ class Run:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             self.preemption.uninstall()
+            if self.crashes is not None:
+                self.crashes.uninstall()
             ended = {"gave_up": True} if self.gave_up else {}
             agent.close("stopped" if status == "preempted" else status, reason, **ended)
         return RunResult(step, loss, time.monotonic() - started, status)

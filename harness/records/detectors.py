@@ -30,6 +30,12 @@ CLAIMED: MappingProxyType[str, str] = MappingProxyType(
         "recovery_exhausted": "the recovery policy ran out of options",
         "hang_watchdog": "a step outlived the hang watchdog",
         "preemption": "the process received SIGTERM",
+        "rank_crash": "a rank died by an exception (its type and message) or a fatal signal "
+        "(SIGSEGV, SIGABRT: faulthandler's report); the rank is blamed",
+        "out_of_memory": "a rank died by a failed allocation (torch.OutOfMemoryError, "
+        "MemoryError); the rank is blamed",
+        "wedged_rank": "a rank past the hang timeout was alive and busy (running, burning CPU: "
+        "not stopped, not waiting), as when a thread holds the GIL; the rank is blamed",
         "dedup": "the dedup stage dropped exact duplicate documents",
         "semantic_dedup": "the semantic dedup stage dropped near-duplicate documents",
         "toxicity_filter": "the toxicity filter dropped documents",

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -165,7 +166,10 @@ def _crash(launch: Launch, journal: Journal, timeout: float) -> str | None:
     ends = journal.of_kind(RunEnd)
     if ends and ends[-1].get("gave_up") is True:  # on purpose: a judged failure, not a crash
         return None
-    return f"the trainer crashed (exit code {launch.exit_code}){attempt_errors(journal)}"
+    code, how = launch.exit_code, ""
+    if code is not None and -code in set(signal.Signals):  # (a signal: a crash, not an exit)
+        how = f", killed by {signal.Signals(-code).name}"
+    return f"the trainer crashed (exit code {code}{how}){attempt_errors(journal)}"
 
 
 def _no_steps(journal: Journal) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.records.journal import JournalWriter
 from harness.run_layout import RunLayout
+from reference_trainer.processes.wedge import classify, culprits
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -54,6 +55,23 @@ def behind(beats: dict[int, dict[str, Any]], now: float) -> list[int]:
     return sorted(r for r, b in beats.items() if b["wall"] == oldest and now - oldest > 0)
 
 
+def blame(journal: JournalWriter, step: int, found: dict[int, dict[str, Any]]) -> None:
+    """Name each stopped rank (``hang_watchdog``) and each busy one (``wedged_rank``:
+    alive, running, silent), with ``rank_blamed``."""
+    for r in culprits(found):
+        f = found[r]
+        if f["state"] == "busy":
+            detector = "wedged_rank"
+            why = (
+                f"alive and running (a thread in state R in {f['running']:.0%} of looks, "
+                f"{f['cpu_share']:.0%} of a core) but silent past the timeout"
+            )
+            journal.emit("detected", step, detector=detector, details={"rank": r, **f})
+        else:
+            detector, why = "hang_watchdog", "its process is stopped (state T)"
+        journal.emit("rank_blamed", step, blamed_rank=r, detector=detector, reason=why)
+
+
 def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> int:
     """Watch one rank until it exits (0) or hangs (killed; 1)."""
     own = RunLayout(run_dir).heartbeat_file(rank)
@@ -72,7 +90,9 @@ def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> i
             if (b := _read(RunLayout(run_dir).heartbeat_file(r))) is not None
             and b.get("restart") == beat.get("restart")
         }
-        lost = behind(beats, now)
+        # A stopped or busy process is the culprit the others wait for; else the laggard.
+        found = classify(beats)
+        lost = culprits(found) or behind(beats, now)
         with JournalWriter(run_dir, rank, restart=int(beat.get("restart", 0))) as journal:
             journal.emit(
                 "detected",
@@ -83,8 +103,10 @@ def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> i
                     "timeout": beat["timeout"],
                     "lost_ranks": lost,
                     "steps": {str(r): b["step"] for r, b in beats.items()},
+                    "processes": {str(r): f for r, f in found.items()},
                 },
             )
+            blame(journal, int(beat["step"]), found)
             for r in lost:
                 journal.emit(
                     "rank_lost",

@@ -55,6 +55,9 @@ class StabilityConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     preemption: bool = True
     """On SIGTERM, save an emergency checkpoint at the next step boundary, then exit."""
+    crash_report: bool = True
+    """A rank that dies by an exception or a fatal signal (faulthandler's report in its
+    crash file) is journaled with its cause and blamed; the restart names the cause."""
     layer_stats: LayerStatsConfig = field(default_factory=LayerStatsConfig)
     """Per-layer statistics, the swing detector and the diagnosis of the problem layer."""
     underflow: StallConfig = field(default_factory=StallConfig)

@@ -70,6 +70,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("toxicity_filter", _off("toxicity")),
     Entry("watchdog", _off("watchdog")),
     Entry("preemption", {"preemption": False}),
+    Entry("crash_report", {"crash_report": False}),
     Entry("lr_floor", {"lr_floor": 0.0}),
     Entry("replica_check", _off("replica_check"), ReplicaCheck),
     # Acts on the spike detectors' claims (switched on only with its detector on).
