@@ -29,7 +29,6 @@ from harness.crashpoints.evidence import (
     save_contents,
     trained,
 )
-from harness.crashpoints.hook import log_path
 from harness.crashpoints.job import Target, run_job
 from harness.crashpoints.plan import (
     FileEvent,
@@ -40,6 +39,7 @@ from harness.crashpoints.plan import (
 )
 from harness.crashpoints.verdict import Outcome, classify
 from harness.errors import TightropeError
+from harness.inside.crash_hook import log_path
 from harness.running.baseline import code_version
 from harness.running.launch import log_tail
 

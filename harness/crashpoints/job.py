@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.crashpoints.hook import (
+from harness.inside.crash_hook import (
     ENV_AT,
     ENV_IGNORE,
     ENV_LOG,

@@ -6,7 +6,7 @@ here beyond the standard library: a meta path finder waits for ``import torch`` 
 `harness.inside.exec_runtime.bootstrap` once torch has loaded, so a process that never imports torch
 (torchrun's helpers, a shell-out to Python) pays nothing. The ``sitecustomize`` this one
 shadows, if any, still runs. Under ``tightrope crashpoints`` it also arms the crash-point
-hook (`harness.crashpoints.hook`) at once.
+hook (`harness.inside.crash_hook`) at once.
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ def _shadowed() -> None:
 def _crash_hook() -> None:
     """``tightrope crashpoints``: count this process's file events (and die at the point)."""
     try:
-        from harness.crashpoints.hook import arm_from_env
+        from harness.inside.crash_hook import arm_from_env
     except ImportError:
         sys.path.append(str(_HERE.parents[2]))
-        from harness.crashpoints.hook import arm_from_env
+        from harness.inside.crash_hook import arm_from_env
     arm_from_env()
 
 
