@@ -15,6 +15,10 @@ from typing import Any
 MODES = ("before", "torn")
 
 
+def _unpid(path: str) -> str:
+    return re.sub(r"(tmp)\d+", r"\1*", path)
+
+
 @dataclass(frozen=True, slots=True)
 class FileEvent:
     """One file event of the fault-free run, as the hook logged it."""
@@ -32,8 +36,9 @@ class FileEvent:
 
     @property
     def key(self) -> tuple[str, str, str | None]:
-        """What two runs of a deterministic job agree on."""
-        return (self.op, self.path, self.to)
+        """What two runs of a deterministic job agree on (a temporary file named after its
+        process, ``tokenizer.tmp27184``, matches whatever the pid)."""
+        return (self.op, _unpid(self.path), None if self.to is None else _unpid(self.to))
 
     def describe(self) -> str:
         """``op path`` (``-> to`` for a rename)."""
