@@ -146,7 +146,7 @@ def test_bad_input_is_refused_with_what_was_wrong(
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("value", ["PASS,BOGUS", "", "hard_fail"])
+@pytest.mark.parametrize("value", ["PASS,BOGUS", "", "lost"])
 def test_an_unknown_fail_on_verdict_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
 ) -> None:

@@ -46,7 +46,7 @@ def _indices(text: str) -> list[int]:
 
 
 def _verdicts(text: str) -> list[str]:
-    words = [w.strip() for w in text.split(",") if w.strip()]
+    words = [w.strip().upper() for w in text.split(",") if w.strip()]
     wrong = [w for w in words if w not in VERDICTS]
     if wrong or not words:
         raise argparse.ArgumentTypeError(
@@ -75,7 +75,7 @@ def add_commands(commands: Any) -> None:
         type=_verdicts,
         default=list(DEFAULT_FAIL_ON),
         metavar="VERDICT[,...]",
-        help="verdicts that make the exit code 1 (default: HARD_FAIL,SILENT_DIVERGENCE)",
+        help="verdicts that make the exit code 1, any case (default: hard_fail,silent_divergence)",
     )
     p.add_argument("--ranks", type=_positive(int), default=1, metavar="N")
     p.add_argument("--grace", type=_positive(float), default=3.0, metavar="SECONDS")
