@@ -1,12 +1,12 @@
 """Command line of the reference trainer: parse, settle the configuration, train.
 
 Bad input (an unknown preset, a non-positive count, ``--resume`` of a folder holding
-something else than a run, an unreadable checkpoint, a run dir another trainer owns) ends with one line on stderr and
-exit code 2, before anything on disk is touched. A start-up killed before its first step
-left no run (even one killed before it made its run dir): ``--resume`` and a fresh start
-both start it over, saying so on stderr. A
-failure once training had started (a checkpoint that cannot be written, named in words:
-disk full, file too large) is one line and exit code 1.
+something else than a run, an unreadable checkpoint, a run dir another trainer owns) ends
+with one line on stderr and exit code 2, before anything on disk is touched. A start-up
+killed before its first step left no run (even one killed before it made its run dir):
+``--resume`` and a fresh start both start it over, saying so on stderr. A failure once
+training had started (a checkpoint that cannot be written, named in words: disk full, file
+too large) is one line and exit code 1.
 """
 
 from __future__ import annotations
