@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -72,7 +73,6 @@ def exit_code(command: Callable[[list[str]], int], argv: list[str]) -> int:
         (["--batch-size", str(10**9)], "--batch-size: expected a positive integer up to 65536"),
         (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
         (["--steps", "10", "--stop-after", "20"], "--stop-after 20 is past --steps 10"),
-        (["--resume"], "--resume: run dir"),
         (["--seed", str(2**64)], "--seed 18446744073709551616 is not within 0 to 2^32-1"),
         (["--seed", "-1"], "--seed -1 is not within 0 to 2^32-1"),
         *(
@@ -107,6 +107,16 @@ def test_bad_arguments_fail_before_anything_is_written(
     assert exit_code(trainer, [*argv, "--run-dir", str(run_dir)]) == 2
     assert message in one_error_line(capsys)
     assert not run_dir.exists()
+
+
+def test_resume_of_a_run_dir_never_made_starts_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job killed before its start made the run dir, restarted with --resume (#30)."""
+    run_dir = tmp_path / "never-made"
+    assert trainer(["--run-dir", str(run_dir), "--resume", "--steps", "1"]) == 0
+    assert "starting the run over (--resume has nothing to resume)" in capsys.readouterr().err
+    assert json.loads((run_dir / "config.json").read_text())["steps"] == 1
 
 
 def test_resume_of_a_dir_without_checkpoints(
