@@ -63,14 +63,14 @@ class Target:
 
 def _hf() -> Target:
     script = str(ROOT / "tests/frameworks/hf_trainer.py")
-    train = (sys.executable, script, "--steps", "8", "--save-every", "4", "--out", SLOT,
+    train = (sys.executable, script, "--steps", "2", "--save-every", "2", "--out", SLOT,
              "--final-weights", f"{SLOT}/{RESULT}")  # fmt: skip
     return Target(train, None, "{out}/checkpoint-*", r"resuming training at \S*checkpoint-(\d+)")
 
 
 def _lightning() -> Target:
     script = str(ROOT / "tests/frameworks/lightning_trainer.py")
-    train = (sys.executable, script, "--steps", "8", "--save-every", "4", "--out", SLOT,
+    train = (sys.executable, script, "--steps", "2", "--save-every", "2", "--out", SLOT,
              "--final-weights", f"{SLOT}/{RESULT}")  # fmt: skip
     return Target(train, None, "{out}/ckpt/epoch=*.ckpt", r"resuming at step (\d+)")
 
