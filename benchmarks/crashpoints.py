@@ -8,8 +8,9 @@ LOST_WORK. ckpt-chaos (the named baseline, run first) compares the final weights
 writes (``--result-file``: the bytes of ``final.safetensors``, see
 ``tests/frameworks/final_weights.py``) and finds lost work from the checkpoint folders
 (``--checkpoint-glob``, ``--step-regex``); tightrope judges from its own evidence (the
-agent's parameter fingerprints, the loads it observed, the bytes saved). Neither samples:
-every event of every mode is a point, so the two sets of points are the same file events.
+agent's parameter fingerprints, the loads it observed, the bytes saved). By default every
+event of every mode is a point in both; with ``--max-points`` ckpt-chaos draws its even
+sample (half per mode) and tightrope runs the same points (``--only``).
 
 A point is matched across the tools by its mode, the name of the file (or folder) the event
 touched and which occurrence of that name it is in the run (``model.safetensors`` #2 is the
@@ -88,12 +89,12 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
 
 
-def run_ckpt_chaos(target: Target, work: Path, cores: int, timeout: int) -> dict[str, Any]:
-    """ckpt-chaos on every event of every mode; its per-point verdicts by match key."""
-    from ckpt_chaos.invariants import ResumeOutcome, classify
-
+def run_ckpt_chaos(target: Target, work: Path, cores: int, timeout: int,
+                   max_points: int) -> dict[str, Any]:  # fmt: skip
+    """ckpt-chaos on its even sample of ``max_points`` (split between the modes); its
+    per-point verdicts by match key."""
     cmd = [sys.executable, "-m", "ckpt_chaos", "run", "--work", str(work), "--jobs", str(cores),
-           "--max-points", "10000", "--timeout", str(timeout),
+           "--max-points", str(max_points), "--timeout", str(timeout),
            "--result-file", "{out}/" + RESULT, "--checkpoint-glob", target.checkpoint_glob,
            "--step-regex", target.step_regex]  # fmt: skip
     if target.resume:
@@ -102,16 +103,49 @@ def run_ckpt_chaos(target: Target, work: Path, cores: int, timeout: int) -> dict
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
+    return {"wall_s": wall, "exit": proc.returncode, "points": ckpt_chaos_points(work),
+            "only": tightrope_indices(work), "tail": proc.stdout[-3000:]}  # fmt: skip
+
+
+def tightrope_indices(work: Path) -> list[int]:
+    """The indices ``tightrope crashpoints --only`` gives the points ckpt-chaos ran: tightrope
+    numbers every event's ``before`` point and then, where the writer can be torn, its
+    ``torn`` point, in event order (the same events, as both tools record them alike)."""
+    log = work / "reference" / "events.log.rank0"
+    order: list[tuple[int, str]] = []
+    for line in log.read_text().splitlines():
+        n, _, _, tornable = line.split("\t")
+        order.append((int(n), "before"))
+        if tornable == "1":
+            order.append((int(n), "torn"))
+    ran = {
+        tuple(json.loads(p.read_text()).get("point") or ()) for p in work.glob("pt_*/result.json")
+    }
+    return [i for i, point in enumerate(order) if point in ran]
+
+
+def ckpt_chaos_points(work: Path) -> dict[str, str]:
+    """ckpt-chaos's verdict of each point in its folder ``work``, by match key (its control
+    run left out). It names the job's own folder ``out``, tightrope ``.``."""
+    from ckpt_chaos.invariants import ResumeOutcome, classify
+
     found: list[tuple[int, str, str, str]] = []
     for path in work.glob("pt_*/result.json"):
         rec = json.loads(path.read_text())
-        if "point" not in rec:  # the control run
+        if "point" not in rec:
             continue
         n, mode = rec["point"]
+        name = Path(rec["event"][1]).name
         verdict = classify(ResumeOutcome(**rec["outcome"]))
-        found.append((n, mode, Path(rec["event"][1]).name, verdict))
-    points = _by_key(found)
-    return {"wall_s": wall, "exit": proc.returncode, "points": points, "tail": proc.stdout[-3000:]}
+        found.append((n, mode, "." if name == "out" else name, verdict))
+    return _by_key(found)
+
+
+def tightrope_points(doc: dict[str, Any]) -> dict[str, str]:
+    """tightrope's verdict of each point of its ``crashpoints.json``, by match key."""
+    found = [(p["event"]["n"], p["mode"], Path(p["event"]["path"]).name or ".", p["verdict"])
+             for p in doc["points"]]  # fmt: skip
+    return _by_key(found)
 
 
 def _by_key(found: list[tuple[int, str, str, str]]) -> dict[str, str]:
@@ -126,10 +160,12 @@ def _by_key(found: list[tuple[int, str, str, str]]) -> dict[str, str]:
     return keyed
 
 
-def run_tightrope(target: Target, out: Path, cores: int, timeout: int) -> dict[str, Any]:
-    """``tightrope crashpoints`` on every event of every mode; its verdicts by match key."""
+def run_tightrope(target: Target, out: Path, cores: int, timeout: int,
+                  only: list[int]) -> dict[str, Any]:  # fmt: skip
+    """``tightrope crashpoints --only`` the points ckpt-chaos ran; its verdicts by match key."""
     cmd = [sys.executable, "-m", "harness", "crashpoints", "--out", str(out),
-           "--cores", str(cores), "--timeout", str(timeout), "--json"]  # fmt: skip
+           "--cores", str(cores), "--timeout", str(timeout), "--json",
+           "--only", ",".join(map(str, only))]  # fmt: skip
     if target.resume:
         cmd += ["--resume-command", " ".join(_fill(target.resume, "{run_dir}"))]
     cmd += ["--", *_fill(target.train, "{run_dir}")]
@@ -141,10 +177,8 @@ def run_tightrope(target: Target, out: Path, cores: int, timeout: int) -> dict[s
         return {"wall_s": wall, "exit": proc.returncode, "points": {},
                 "tail": (proc.stdout + proc.stderr)[-3000:]}  # fmt: skip
     doc = json.loads(report.read_text())
-    found = [(p["event"].get("index", p["index"]), p["mode"], Path(p["event"]["path"]).name,
-              p["verdict"]) for p in doc["points"]]  # fmt: skip
     return {"wall_s": wall, "exit": proc.returncode, "deterministic": doc.get("deterministic"),
-            "points": _by_key(found),
+            "points": tightrope_points(doc),
             "summary": doc.get("summary"), "tail": proc.stdout[-3000:]}  # fmt: skip
 
 
@@ -194,18 +228,42 @@ def main() -> int:
     parser.add_argument("--target", choices=sorted(TARGETS), default="hf_trainer")
     parser.add_argument("--cores", type=int, default=2, help="points at once, in each tool")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run of the job")
+    parser.add_argument(
+        "--max-points",
+        type=int,
+        default=10000,
+        help="a sample: ckpt-chaos's even one (half per mode); tightrope runs the same points",
+    )
     parser.add_argument("--keep", type=Path, help="keep both tools' folders here")
+    parser.add_argument(
+        "--reread",
+        action="store_true",
+        help="run nothing: match the points again from --keep and the wall times of --out",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/crashpoints.json")
     args = parser.parse_args()
     if importlib.util.find_spec("ckpt_chaos") is None:
         print("ckpt-chaos is not installed: pip install ckpt-chaos==0.1.8 (the dev extra)")
         return 2
     target = TARGETS[args.target]()
-    load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="crashpoints-bench-") as name:
-        tmp = args.keep or Path(name)
-        chaos = run_ckpt_chaos(target, tmp / "ckpt-chaos", args.cores, args.timeout)
-        ours = run_tightrope(target, tmp / "tightrope", args.cores, args.timeout)
+    load = {"before": os.getloadavg()[0]}
+    if args.reread:
+        if args.keep is None:
+            parser.error("--reread needs --keep (the folders of an earlier run)")
+        before = json.loads(args.out.read_text())
+        chaos, ours = before["ckpt_chaos"], before["tightrope"]
+        chaos["points"] = ckpt_chaos_points(args.keep / "ckpt-chaos")
+        report = json.loads((args.keep / "tightrope" / "crashpoints.json").read_text())
+        ours["points"] = tightrope_points(report)
+        load = before["load_average"]
+    else:
+        with tempfile.TemporaryDirectory(prefix="crashpoints-bench-") as name:
+            tmp = args.keep or Path(name)
+            chaos = run_ckpt_chaos(
+                target, tmp / "ckpt-chaos", args.cores, args.timeout, args.max_points
+            )
+            ours = run_tightrope(target, tmp / "tightrope", args.cores, args.timeout, chaos["only"])
+        load["after"] = os.getloadavg()[0]
     result = compare(chaos, ours)
     doc = {
         "benchmark": "crashpoints",
@@ -213,7 +271,7 @@ def main() -> int:
         "target": args.target,
         "cores": args.cores,
         "baseline": "ckpt-chaos run (0.1.8), same trainer, same cores",
-        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
+        "load_average": load,
         "command": sys.argv,
         "ckpt_chaos": chaos,
         "tightrope": ours,
