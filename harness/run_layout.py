@@ -8,6 +8,7 @@ where a thing lives, so the layout below is written down once::
                                        (harness/running/run_lock.py)
     RUN_DIR/config.json                the reference trainer's configuration
     RUN_DIR/run-id                     the run's id, bound into every checkpoint manifest
+                                       (each written aside first: .config.json.tmp, .run-id.tmp)
     RUN_DIR/tokenizer.json             the tokenizer the run trained
     RUN_DIR/journal/rank-R.jsonl       what each rank saw (docs/journal.md)
     RUN_DIR/checkpoints/               step-NNNNNNNN/ folders and the `latest` hint (their
@@ -136,13 +137,20 @@ class RunLayout:
     def baseline_samples(self) -> Path:
         return self.root / "baseline-samples.json"
 
+    @staticmethod
+    def aside(path: Path) -> Path:
+        """Where ``path`` is written whole (and fsynced) before it is renamed into place."""
+        return path.with_name(f".{path.name}.tmp")
+
     def start_up_files(self) -> tuple[Path, ...]:
         """What the reference trainer writes once its start-up has begun: a start that never
         finished (no configuration and run id written) may have left any of these, and a
         start over removes them (the runner's plan and log, and the lock, stay)."""
         return (
             self.config,
+            self.aside(self.config),
             self.run_id,
+            self.aside(self.run_id),
             self.tokenizer,
             self.journal,
             self.checkpoints,

@@ -1,9 +1,10 @@
 """Command line of the reference trainer: parse, settle the configuration, train.
 
-Bad input (an unknown preset, a non-positive count, ``--resume`` with nothing to resume,
-an unreadable checkpoint, a run dir another trainer owns) ends with one line on stderr and
+Bad input (an unknown preset, a non-positive count, ``--resume`` of a folder holding
+something else than a run, an unreadable checkpoint, a run dir another trainer owns) ends with one line on stderr and
 exit code 2, before anything on disk is touched. A start-up killed before its first step
-left no run: ``--resume`` and a fresh start both start it over, saying so on stderr. A
+left no run (even one killed before it made its run dir): ``--resume`` and a fresh start
+both start it over, saying so on stderr. A
 failure once training had started (a checkpoint that cannot be written, named in words:
 disk full, file too large) is one line and exit code 1.
 """
@@ -298,10 +299,12 @@ def _claim(args: argparse.Namespace, rank: int, restarted: bool) -> RunDirLock |
     on it is refused, naming it. The other ranks of the job write only once rank 0 has let
     them through its first barrier, so one holder serves the job; a worker torchrun
     restarted waits a while for its predecessor, which torchrun is still ending, to let go.
-    Nothing is claimed where the checks below refuse to go (no such dir to resume, not a
-    directory)."""
+    Nothing is claimed where the checks below refuse to go (not a directory). A run dir
+    that does not exist is made, also for ``--resume``: a job killed before its start made
+    the dir resumes by starting the run (`holds_no_run`), as after any start-up killed
+    before it wrote its configuration."""
     run_dir = args.run_dir
-    if rank != 0 or not (run_dir.is_dir() or (not run_dir.exists() and not args.resume)):
+    if rank != 0 or not (run_dir.is_dir() or not run_dir.exists()):
         return None
     return RunDirLock.acquire(run_dir, wait=_RESTART_WAIT_SECONDS if restarted else 0.0)
 

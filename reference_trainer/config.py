@@ -119,7 +119,7 @@ class TrainConfig:
         """Write the configuration to ``run_dir/config.json``: whole or not at all, even
         when the process is killed mid-write (a temporary file, fsynced, renamed)."""
         path = RunLayout(run_dir).config
-        tmp = path.with_name(f".{path.name}.tmp")
+        tmp = RunLayout.aside(path)
         with open(tmp, "w") as f:
             f.write(json.dumps(self.to_dict(), indent=2) + "\n")
             f.flush()

@@ -72,7 +72,6 @@ def exit_code(command: Callable[[list[str]], int], argv: list[str]) -> int:
         (["--batch-size", str(10**9)], "--batch-size: expected a positive integer up to 65536"),
         (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
         (["--steps", "10", "--stop-after", "20"], "--stop-after 20 is past --steps 10"),
-        (["--resume"], "--resume: run dir"),
         (["--seed", str(2**64)], "--seed 18446744073709551616 is not within 0 to 2^32-1"),
         (["--seed", "-1"], "--seed -1 is not within 0 to 2^32-1"),
         *(

@@ -17,6 +17,7 @@ from faults.registry import FaultKind
 from faults.spec import TRIGGERS
 from harness import __version__
 from harness.commands.checklist import add_commands as add_checklist_commands
+from harness.commands.crashpoints import add_commands as add_crashpoints_commands
 from harness.commands.export import add_commands as add_export_commands
 from harness.commands.json_output import (
     emit_json,
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_watch_commands(commands)
     add_checklist_commands(commands)
     add_export_commands(commands)
+    add_crashpoints_commands(commands)
     return parser
 
 

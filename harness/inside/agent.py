@@ -48,6 +48,7 @@ from faults import (
     NothingToDamage,
     StepContext,
 )
+from harness.inside.exec_env import ENV_FINGERPRINT
 from harness.inside.fault_schedule import FaultSchedule
 from harness.inside.hooks import GradientHook
 from harness.inside.live_inbox import LiveInbox
@@ -93,6 +94,8 @@ class Agent:
         self.model = model
         self.optimizer = optimizer
         self.check_params_every = check_params_every
+        # `tightrope crashpoints` compares a resumed run with a fault-free one step by step.
+        self.fingerprint_every_step = os.environ.get(ENV_FINGERPRINT) == "1"
         previous = RunLayout(self.run_dir).journal_file(rank)
         earlier = _quietly_read(previous) if previous.exists() else []
         # Metrics for dashboards (docs/metrics.md): off unless asked for, here or by
@@ -267,7 +270,10 @@ class Agent:
     @property
     def fingerprint_due(self) -> bool:
         """True when this step's parameters are fingerprinted: on the periodic check steps
-        (the same steps on every rank, so replicas can be compared), with several ranks."""
+        (the same steps on every rank, so replicas can be compared), with several ranks; at
+        every step when `ENV_FINGERPRINT` asks (``tightrope crashpoints``)."""
+        if self.fingerprint_every_step:
+            return True
         every = self.check_params_every
         return self.world_size > 1 and every > 0 and self.step % every == 0
 

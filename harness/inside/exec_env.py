@@ -14,6 +14,9 @@ from faults import FaultPlan, FaultSpecError
 
 ENV_RUN_DIR = "TIGHTROPE_RUN_DIR"
 ENV_PLAN = "TIGHTROPE_PLAN"
+#: "1": the agent fingerprints the parameters after every step (``tightrope crashpoints``
+#: compares a resumed run with a fault-free one by them); any process with an agent reads it.
+ENV_FINGERPRINT = "TIGHTROPE_FINGERPRINT_EVERY_STEP"
 #: The folder whose sitecustomize.py attaches the agent inside the command (harness.inside).
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 

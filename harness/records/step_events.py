@@ -44,9 +44,10 @@ class StepObserved(Reported):
         "and `max_lost_steps` are then not judged."
     )
     params_fingerprint: str = optional(
-        "Observed by the agent with several ranks, on its periodic check steps: a 64-bit digest "
-        "(16 hex digits) of every parameter's bits after the step; replicas of a data-parallel "
-        "job must agree (`replicas_consistent`)."
+        "Observed by the agent with several ranks, on its periodic check steps (at every step "
+        "under `tightrope crashpoints`): a 64-bit digest (16 hex digits) of every parameter's "
+        "bits after the step; replicas of a data-parallel job must agree "
+        "(`replicas_consistent`)."
     )
     grads_repaired: bool = optional(
         "Observed by the agent: a fault left gradients non-finite after backward, and they were "

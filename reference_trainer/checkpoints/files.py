@@ -212,7 +212,7 @@ def new_run_id(run_dir: Path) -> str:
     """Give a fresh run its id (``RUN_DIR/run-id``), written atomically and fsynced."""
     run_id = uuid.uuid4().hex
     path = RunLayout(run_dir).run_id
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = RunLayout.aside(path)
     with open(tmp, "w") as f:
         f.write(run_id + "\n")
         f.flush()

@@ -5,7 +5,8 @@ holds one; ``tightrope exec`` puts this folder first on PYTHONPATH. Nothing is i
 here beyond the standard library: a meta path finder waits for ``import torch`` and calls
 `harness.inside.exec_runtime.bootstrap` once torch has loaded, so a process that never imports torch
 (torchrun's helpers, a shell-out to Python) pays nothing. The ``sitecustomize`` this one
-shadows, if any, still runs.
+shadows, if any, still runs. Under ``tightrope crashpoints`` it also arms the crash-point
+hook (`harness.inside.crash_hook`) at once.
 """
 
 from __future__ import annotations
@@ -61,9 +62,23 @@ def _shadowed() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+def _crash_hook() -> None:
+    """``tightrope crashpoints``: count this process's file events (and die at the point)."""
+    try:
+        from harness.inside.crash_hook import arm_from_env
+    except ImportError:
+        sys.path.append(str(_HERE.parents[2]))
+        from harness.inside.crash_hook import arm_from_env
+    arm_from_env()
+
+
 if os.environ.get("TIGHTROPE_RUN_DIR"):
     if "torch" in sys.modules:
         _attach()
     else:
         sys.meta_path.insert(0, _AfterTorch())
+if os.environ.get("TIGHTROPE_CRASH_LOG"):
+    # After the agent's finder: the hook's writers wrap the agent's, which still hash
+    # what was saved whole before a torn point cuts it.
+    _crash_hook()
 _shadowed()

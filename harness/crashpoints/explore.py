@@ -1,0 +1,301 @@
+"""An exploration: two fault-free runs (the first records the file events; if their
+parameters differ, divergence verdicts mean nothing), then each point: a fresh run killed
+there, resumed with the job's own resume, and judged against the fault-free run.
+
+Points run in parallel within the cores given (one process per core per rank). Each point's
+result is cached in its folder under the exploration's, keyed by the commands, the code and
+the recorded events, so a stopped exploration goes on where it ended.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.crashpoints.evidence import (
+    SaveFile,
+    Trained,
+    journal_records,
+    journal_sizes,
+    newest_complete,
+    save_contents,
+    trained,
+)
+from harness.crashpoints.job import Target, run_job
+from harness.crashpoints.plan import (
+    FileEvent,
+    Point,
+    killed_record,
+    name_saves,
+    read_events,
+)
+from harness.crashpoints.verdict import Outcome, classify
+from harness.errors import TightropeError
+from harness.inside.crash_hook import log_path
+from harness.running.baseline import code_version
+from harness.running.launch import log_tail
+
+#: Bumped when what a cached point holds changes meaning.
+CACHE_VERSION = 1
+
+
+class CrashPointsError(TightropeError):
+    """An exploration cannot go on (bad input, or a fault-free run that failed)."""
+
+
+@dataclass(slots=True)
+class FaultFree:
+    """A fault-free run: its file events per rank and the agent's fingerprints per rank."""
+
+    run_dir: Path
+    events: dict[int, list[FileEvent]]
+    prints: list[dict[int, str]]
+    last_step: int | None
+    contents: dict[int, dict[str, SaveFile]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class PointResult:
+    """One point, judged."""
+
+    point: Point
+    verdict: str
+    why: str
+    outcome: Outcome
+    seconds: float
+    cached: bool = False
+
+
+def _key(target: Target, extra: object) -> str:
+    """What a cached run is valid for: the commands, the code, and ``extra``."""
+    files = {}
+    for word in (*target.train, *target.resume):
+        path = Path(word)
+        if path.suffix == ".py" and path.is_file():
+            files[word] = hashlib.sha256(path.read_bytes()).hexdigest()
+    data = {
+        "v": CACHE_VERSION,
+        "train": target.train,
+        "resume": target.resume,
+        "ranks": target.ranks,
+        "grace": target.grace,
+        "files": files,
+        "code": code_version(),
+        "extra": extra,
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _fresh(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+
+
+def fault_free(target: Target, folder: Path, *, use_cache: bool = True) -> FaultFree:
+    """Run the job once with no fault, recording its file events (cached in ``folder``)."""
+    run_dir, base, done = folder / "run", folder / "events", folder / "done.json"
+    key = _key(target, "fault-free")
+    cached = use_cache and done.is_file() and json.loads(done.read_text()).get("key") == key
+    seconds = 0.0
+    if not cached:
+        _fresh(folder)
+        end = run_job(target, target.train, run_dir, output=folder / "output.log", log_base=base)
+        seconds = end.seconds
+        if end.exit_code != 0:
+            how = "ran past its deadline" if end.timed_out else f"exited with {end.exit_code}"
+            raise CrashPointsError(
+                f"the fault-free run {how} before any crash was injected "
+                f"({folder / 'output.log'}):\n{log_tail(folder / 'output.log', 15)}"
+            )
+    events: dict[int, list[FileEvent]] = {}
+    prints: list[dict[int, str]] = []
+    last: int | None = None
+    for rank in range(target.ranks):
+        seen = trained(journal_records(run_dir, rank))
+        logged = read_events(Path(log_path(str(base), rank)), rank)
+        events[rank] = name_saves(logged, seen.walls)
+        prints.append(seen.prints)
+        last = seen.last if rank == 0 else last
+    merged = sorted((e for es in events.values() for e in es), key=lambda e: e.wall)
+    result = FaultFree(run_dir, events, prints, last, save_contents(merged, run_dir), seconds)
+    if not cached:
+        done.write_text(json.dumps({"key": key, "seconds": seconds}))
+    else:
+        result.seconds = float(json.loads(done.read_text()).get("seconds", 0.0))
+    return result
+
+
+def same_run(a: FaultFree, b: FaultFree) -> bool:
+    """Two fault-free runs ended with the same parameters after every step, on every rank."""
+    return a.last_step == b.last_step and a.prints == b.prints and bool(a.prints[0])
+
+
+def _resumed_from(crash: Trained, resume: Trained, clean: FaultFree) -> int | None:
+    if resume.order:
+        return resume.order[0] - 1
+    return crash.last if crash.last == clean.last_step else None
+
+
+def _outcome(
+    clean: FaultFree, run_dir: Path, sizes: list[int], ranks: int
+) -> tuple[int | None, int | None, int | None, bool, int, list[dict[str, Any]], int | None]:
+    """(killed after, resumed from, first difference, final matches, steps compared,
+    loads, final step) from the journals of the crash run (before ``sizes``) and the
+    resume (after)."""
+    first: int | None = None
+    matches = True
+    loads: list[dict[str, Any]] = []
+    head: tuple[Trained, Trained] | None = None
+    for rank in range(ranks):
+        crash = trained(journal_records(run_dir, rank, 0, sizes[rank]))
+        resume = trained(journal_records(run_dir, rank, sizes[rank]))
+        head = head or (crash, resume)
+        for step in resume.order:
+            if resume.prints.get(step) != clean.prints[rank].get(step):
+                first = step if first is None else min(first, step)
+        final = resume if resume.order else crash
+        last = final.order[-1] if final.order else None
+        want = clean.prints[rank].get(clean.last_step) if clean.last_step is not None else None
+        if last is None or last != clean.last_step or final.prints.get(last) != want or not want:
+            matches = False
+        loads += [dict(d, rank=rank) if ranks > 1 else d for d in resume.loads]
+    assert head is not None
+    crash0, resume0 = head
+    final0 = resume0 if resume0.order else crash0
+    final_step = final0.order[-1] if final0.order else None
+    resumed = _resumed_from(crash0, resume0, clean)
+    return crash0.last, resumed, first, matches, len(resume0.order), loads, final_step
+
+
+def run_point(
+    target: Target,
+    clean: FaultFree,
+    point: Point,
+    folder: Path,
+    halt: threading.Event | None = None,
+) -> PointResult:
+    """Kill a fresh run at ``point``, resume it, judge it."""
+    started = time.monotonic()
+    run_dir, base = folder / "run", folder / "events"
+    _fresh(folder)
+    at = (point.rank, point.event.n, point.mode)
+    crash = run_job(
+        target, target.train, run_dir, output=folder / "crash.log", log_base=base, at=at, halt=halt
+    )
+    rank_log = Path(log_path(str(base), point.rank))
+    seen = read_events(rank_log)
+    matched = any(e.n == point.event.n and e.key == point.event.key for e in seen)
+    record = killed_record(rank_log)
+    happened = {point.rank: point.event.n}  # (a torn event did not finish either)
+    for rank in range(target.ranks):
+        if rank != point.rank:  # its last logged event may be under way: not counted
+            logged = read_events(Path(log_path(str(base), rank)), rank)
+            happened[rank] = max((e.n for e in logged), default=0)
+    newest = newest_complete(clean.contents, run_dir, happened)
+    sizes = journal_sizes(run_dir, target.ranks)
+    resume = run_job(target, target.resume, run_dir, output=folder / "resume.log", halt=halt)
+    after, resumed, first, matches, compared, loads, final = _outcome(
+        clean, run_dir, sizes, target.ranks
+    )
+    torn = None
+    if record is not None and record.get("mode") == "torn":
+        torn = {"whole_bytes": record.get("whole_bytes"), "torn_bytes": record.get("torn_bytes")}
+    outcome = Outcome(
+        crash_exit=crash.exit_code,
+        killed=crash.killed,
+        event_matched=matched,
+        resume_exit=resume.exit_code,
+        resume_timed_out=resume.timed_out,
+        newest_complete=newest,
+        killed_after_step=after,
+        resumed_from=resumed,
+        first_difference=first,
+        final_step=final,
+        final_matches=matches,
+        steps_compared=compared,
+        loads=loads,
+        torn=torn,
+    )
+    verdict, why = classify(outcome)
+    return PointResult(point, verdict, why, outcome, time.monotonic() - started)
+
+
+def _cached(folder: Path, key: str, point: Point) -> PointResult | None:
+    path = folder / "result.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("key") != key:
+        return None
+    fields = {k: v for k, v in data["evidence"].items() if k not in ("steps_redone", "steps_lost")}
+    outcome = Outcome(**fields)
+    return PointResult(point, data["verdict"], data["why"], outcome, data["seconds"], cached=True)
+
+
+def _store(folder: Path, key: str, result: PointResult) -> None:
+    data = {
+        "key": key,
+        "verdict": result.verdict,
+        "why": result.why,
+        "seconds": result.seconds,
+        "evidence": result.outcome.document(),
+    }
+    (folder / "result.json").write_text(json.dumps(data, indent=1))
+
+
+def point_key(target: Target, clean: FaultFree, point: Point) -> str:
+    """The cache key of one point: its commands, the code, the recorded events, the point."""
+    plan = {r: [e.key for e in es] for r, es in clean.events.items()}
+    return _key(target, {"plan": plan, "point": [point.rank, point.mode, point.event.n]})
+
+
+def run_points(
+    target: Target,
+    clean: FaultFree,
+    points: list[Point],
+    out: Path,
+    *,
+    cores: int,
+    use_cache: bool = True,
+    started: Callable[[Point], Any] | None = None,
+    finished: Callable[[PointResult, Any], None] | None = None,
+) -> list[PointResult]:
+    """Every point of ``points`` (cached ones taken as they are), in parallel. Stopped
+    (Ctrl-C), the running points' jobs are killed and nothing of them is kept."""
+    halt = threading.Event()
+
+    def one(point: Point) -> PointResult | None:
+        if halt.is_set():
+            return None
+        folder = out / "points" / point.slug
+        key = point_key(target, clean, point)
+        token = started(point) if started is not None else None
+        result = _cached(folder, key, point) if use_cache else None
+        if result is None:
+            result = run_point(target, clean, point, folder, halt)
+            if halt.is_set():
+                return None
+            _store(folder, key, result)
+        if finished is not None:
+            finished(result, token)
+        return result
+
+    workers = max(1, cores // max(1, target.ranks))
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(one, p) for p in points]
+        try:
+            done = [f.result() for f in futures]
+        except BaseException:
+            halt.set()
+            raise
+    return [r for r in done if r is not None]
