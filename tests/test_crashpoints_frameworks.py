@@ -30,6 +30,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("lightning")
 
+from safetensors import SafetensorError
+
 from tests.frameworks.final_weights import same_weights
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +99,7 @@ class WhatHappened:
     """What the resume of one point did, from the trainer's own output and files."""
 
     finished: bool
-    """The resume wrote its final weights."""
+    """The resume wrote its final weights (readable)."""
     same: bool
     """Those weights are bit-identical to the uninterrupted run's."""
     raised: str | None
@@ -108,12 +110,12 @@ class WhatHappened:
 def what_happened(folder: Path, reference: Path) -> WhatHappened:
     """Read one point's resume: its output and the final weights in its run dir."""
     log = (folder / "resume.log").read_text(errors="replace")
-    final = folder / "run" / FINAL
-    finished = final.exists()
     raised = [m.group(1) for m in _RAISED.finditer(log)]
-    return WhatHappened(
-        finished, finished and same_weights(final, reference), raised[-1] if raised else None, log
-    )
+    try:  # a torn final file the kill left, never rewritten, is no end either
+        same = same_weights(folder / "run" / FINAL, reference)
+    except (OSError, SafetensorError):
+        return WhatHappened(False, False, raised[-1] if raised else None, log)
+    return WhatHappened(True, same, raised[-1] if raised else None, log)
 
 
 def expected(w: WhatHappened) -> set[str]:
@@ -163,25 +165,64 @@ def test_hf_trainer_resumes_into_its_incomplete_newest_folder_and_dies(tmp_path:
 # -- Lightning -----------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class Explored:
+    """An exploration and what the framework did at each of its points."""
+
+    run: Exploration
+    seen: dict[int, WhatHappened]
+
+
+@pytest.fixture(scope="module")
+def lightning(tmp_path_factory: pytest.TempPathFactory) -> Explored:
+    """Every point of one Lightning save (step 2 of 2), checked point by point."""
+    tmp = tmp_path_factory.mktemp("lightning")
+    command = trainer("lightning_trainer.py", steps=2, save_every=2)
+    reference = uninterrupted(command, tmp / "plain")
+    run = explore(tmp / "cp", command)
+    return Explored(run, check_each_point(run, reference))
+
+
 @pytest.mark.slow
-def test_lightning_resumes_whole_from_every_kill_of_its_save(tmp_path: Path) -> None:
+def test_lightning_resumes_whole_from_every_kill_of_its_save(lightning: Explored) -> None:
     """Lightning writes each checkpoint to a temporary file and renames it into place
     (``_atomic_save``: an fsspec transaction), so a kill never leaves a torn checkpoint under
-    a name it reads: no point fails or diverges. A kill after the step's checkpoint is
-    installed but before ``last.ckpt`` is leaves ``ckpt_path="last"`` an older one (or none):
-    work lost, never wrong weights. Every point of one save."""
-    command = trainer("lightning_trainer.py", steps=2, save_every=2)
-    reference = uninterrupted(command, tmp_path / "plain")
-    run = explore(tmp_path / "cp", command)
-    seen = check_each_point(run, reference)
+    a name it reads: no point fails or diverges, every resume ends with the uninterrupted
+    run's weights."""
+    assert all(w.finished and w.same for w in lightning.seen.values())
+    assert not {"HARD_FAIL", "SILENT_DIVERGENCE"} & set(lightning.run.verdicts())
+    assert lightning.run.exit == 0
 
-    assert all(w.finished and w.same for w in seen.values())
-    assert not {"HARD_FAIL", "SILENT_DIVERGENCE"} & set(run.verdicts())
-    for point in run.doc["points"]:  # lost work: Lightning did not resume at the killed save
-        if point["verdict"] == "LOST_WORK":
-            w = seen[point["index"]]
-            assert "resuming at step 2" not in w.log, w.log[-1500:]
-    assert run.exit == 0
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="tightrope crashpoints (first version) finds no complete save in Lightning's "
+    "checkpoint (a BytesIO written through fsspec): newest_complete stays None, so a resume "
+    "that started over is judged PASS, not LOST_WORK",
+)
+def test_lightning_loses_work_killed_between_its_checkpoint_and_last_ckpt(
+    lightning: Explored,
+) -> None:
+    """A kill after Lightning renamed ``epoch=0-step=2.ckpt`` into place but before it wrote
+    ``last.ckpt`` leaves ``ckpt_path="last"`` nothing to load: the job starts over though a
+    whole checkpoint of step 2 lies beside it. Work lost, never wrong weights."""
+    points = lightning.run.doc["points"]
+    # After the rename of the step's checkpoint (the fault-free run's event order) and yet,
+    # by Lightning's own log, not resumed there.
+    installed = min(
+        p["event"]["n"]
+        for p in points
+        if p["event"]["op"] == "rename" and "epoch=" in p["event"]["path"]
+    )
+    lost = {
+        p["index"]
+        for p in points
+        if p["event"]["n"] > installed
+        and "resuming at step 2" not in lightning.seen[p["index"]].log
+    }
+    assert lost  # the class shows
+    assert {p["index"] for p in points if p["verdict"] == "LOST_WORK"} == lost
 
 
 # -- torch.distributed.checkpoint, two ranks ------------------------------------------------

@@ -104,7 +104,9 @@ def main() -> int:
     )
     resume = "last" if (ckpt_dir / "last.ckpt").exists() else None
     trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
-    loss = trainer.callback_metrics["train_loss"].item()
+    # A resume from the last step's checkpoint trains no step, and logs no loss.
+    logged = trainer.callback_metrics.get("train_loss")
+    loss = float("nan") if logged is None else logged.item()
     print(f"final loss {loss!r} at step {trainer.global_step}", flush=True)
     if args.final_weights:
         save_final_weights(model.state_dict(), args.final_weights)
