@@ -12,11 +12,11 @@ agent's parameter fingerprints, the loads it observed, the bytes saved). By defa
 event of every mode is a point in both; with ``--max-points`` ckpt-chaos draws its even
 sample (half per mode) and tightrope runs the same points (``--only``).
 
-A point is matched across the tools by its mode, the name of the file (or folder) the event
-touched and which occurrence of that name it is in the run (``model.safetensors`` #2 is the
-second save's); ckpt-chaos logs names without their folder. The table shows, per point,
-both verdicts; the summary the counts, the points on which they agree and the wall-time
-ratio tightrope / ckpt-chaos (goal: the same verdict everywhere in at most 0.5 of the time).
+A point is matched across the tools by its event's number in the run, its mode and the name
+of the file (or folder) the event touched (ckpt-chaos logs names without their folder). The
+table shows, per point, both verdicts; the summary the counts, the points on which they agree
+and the wall-time ratio tightrope / ckpt-chaos (goal: the same verdict everywhere in at most
+0.5 of the time).
 
 Installs nothing: without the ``ckpt-chaos`` package (``pip install ckpt-chaos==0.1.8``, in
 the ``dev`` extra) it says so and exits 2. JSON to ``benchmarks/results/crashpoints.json``.
@@ -149,15 +149,11 @@ def tightrope_points(doc: dict[str, Any]) -> dict[str, str]:
 
 
 def _by_key(found: list[tuple[int, str, str, str]]) -> dict[str, str]:
-    """Verdicts keyed ``mode name#k``, from (event index, mode, name, verdict): k counts that
-    name's points of that mode in event order, so a key names the same file event in either
-    tool."""
-    seen: Counter[tuple[str, str]] = Counter()
-    keyed: dict[str, str] = {}
-    for _, mode, name, verdict in sorted(found):
-        seen[(mode, name)] += 1
-        keyed[f"{mode} {name}#{seen[(mode, name)]}"] = verdict
-    return keyed
+    """Verdicts keyed ``#n mode name`` from (event number, mode, name, verdict). Both tools
+    number the job's file events alike (the same audit events and writers, from 1), so a
+    key names the same file event in either; an event they name differently shows as two
+    rows, each with one verdict."""
+    return {f"#{n} {mode} {name}": verdict for n, mode, name, verdict in sorted(found)}
 
 
 def run_tightrope(target: Target, out: Path, cores: int, timeout: int,
