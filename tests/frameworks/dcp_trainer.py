@@ -5,12 +5,14 @@ one folder per save (``OUT/ckpt/step-N``), and on a new start the newest folder 
 place (build model and optimizer, ``get_state_dict``, ``dcp.load(state_dict,
 checkpoint_id=...)``, ``set_state_dict``).
 
-``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/frameworks/dcp_trainer.py
---steps 30 --save-every 8 [--out DIR] [--guard] [--fsdp]``: DDP by default, FSDP2
-(``torch.distributed.fsdp.fully_shard`` on every block, then the model) with ``--fsdp``; gloo
-on CPU, NCCL when CUDA is there. ``--guard`` skips ``optimizer.step()`` when the clipped
-gradient norm is not finite (the norm is global, so every rank agrees). Prints ``final loss
-<repr> at step N`` on rank 0.
+``python -m torch.distributed.run --standalone --nproc-per-node 2
+tests/frameworks/dcp_trainer.py --steps 30 --save-every 8 [--out DIR] [--guard] [--fsdp]
+[--final-weights PATH]``: DDP by default, FSDP2 (``torch.distributed.fsdp.fully_shard`` on every
+block, then the model) with ``--fsdp``; gloo on CPU, NCCL when CUDA is there. ``--guard`` skips
+``optimizer.step()`` when the clipped gradient norm is not finite (the norm is global, so every
+rank agrees). Prints ``final loss <repr> at step N`` on rank 0; with ``--final-weights`` rank 0
+also writes the full (unsharded) model weights there as safetensors (``final_weights.py``), for
+a crash-point comparison.
 """
 
 from __future__ import annotations
@@ -26,8 +28,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from final_weights import save_final_weights  # beside this script, first on sys.path
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -83,6 +91,7 @@ def main() -> int:
         "--guard", action="store_true", help="skip steps with a non-finite grad norm"
     )
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard instead of DDP")
+    parser.add_argument("--final-weights", help="write the final weights here (safetensors)")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -155,6 +164,11 @@ def main() -> int:
 
     if rank == 0:
         print(f"final loss {loss.item()!r} at step {step}", flush=True)
+    if args.final_weights:  # a collective under FSDP: every rank takes part, rank 0 writes
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(model, options=options)
+        if rank == 0:
+            save_final_weights(full, args.final_weights)
     gc.collect()  # torch 2.13 + gloo: free DDP's reference cycles before the group goes
     dist.destroy_process_group()
     return 0

@@ -3,12 +3,14 @@
 ``trainer.train(resume_from_checkpoint=True)`` when ``get_last_checkpoint(output_dir)`` finds a
 ``checkpoint-N`` folder (as the ``run_clm.py`` example does).
 
-``python tests/frameworks/hf_trainer.py --steps 30 --save-every 8 [--out DIR] [--guard]``, or
+``python tests/frameworks/hf_trainer.py --steps 30 --save-every 8 [--out DIR] [--guard]
+[--final-weights PATH]``, or
 with several ranks ``python -m torch.distributed.run --standalone --nproc-per-node 2
 tests/frameworks/hf_trainer.py ...`` (gloo on CPU). ``--guard`` adds a ``TrainerCallback``
 that drops the update of a step whose gradients are not finite (``on_pre_optimizer_step``:
 the gradients are set to None, so AdamW leaves every parameter as it was). Prints ``final
-loss <repr> at step N`` at the end.
+loss <repr> at step N`` at the end; with ``--final-weights`` rank 0 also writes the model's
+weights there as safetensors (``final_weights.py``), for a crash-point comparison.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from pathlib import Path
 
 import torch
+from final_weights import save_final_weights  # beside this script, first on sys.path
 from torch.utils.data import Dataset
 from transformers import (
     GPT2Config,
@@ -67,6 +70,7 @@ def main() -> int:
     parser.add_argument("--out", default=".", help="output_dir: checkpoint-N/ folders")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--guard", action="store_true", help="skip steps with non-finite grads")
+    parser.add_argument("--final-weights", help="write the final weights here (safetensors)")
     args = parser.parse_args()
 
     set_seed(args.seed)
@@ -109,6 +113,8 @@ def main() -> int:
         logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         loss = logged[-1] if logged else result.training_loss
         print(f"final loss {loss!r} at step {trainer.state.global_step}", flush=True)
+        if args.final_weights:
+            save_final_weights(trainer.model.state_dict(), args.final_weights)
     return 0
 
 

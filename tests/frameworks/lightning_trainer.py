@@ -4,11 +4,13 @@
 ``ModelCheckpoint(save_last=True, every_n_train_steps=K)``, and the documented resume,
 ``trainer.fit(model, ckpt_path="last")`` when ``last.ckpt`` exists.
 
-``python tests/frameworks/lightning_trainer.py --steps 30 --save-every 8 [--out DIR]
-[--guard]``. ``--guard`` drops the update of a step whose gradients are not finite, in
-``on_before_optimizer_step`` (the gradients are set to None, so Adam leaves every parameter as
-it was). An epoch is ``--save-every`` batches, so every checkpoint ends an epoch and a resumed
-run sees the batches an uninterrupted one would. Prints ``final loss <repr> at step N`` at the end.
+``python tests/frameworks/lightning_trainer.py --steps 30 --save-every 8 [--out DIR] [--guard]
+[--final-weights PATH]``. ``--guard`` drops the update of a step whose gradients are not finite,
+in ``on_before_optimizer_step`` (the gradients are set to None, so Adam leaves every parameter
+as it was). An epoch is ``--save-every`` batches, so every checkpoint ends an epoch and a
+resumed run sees the batches an uninterrupted one would. Prints ``final loss <repr> at step N``
+at the end; with ``--final-weights`` also writes the model's weights there as safetensors
+(``final_weights.py``), for a crash-point comparison.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
+from final_weights import save_final_weights  # beside this script, first on sys.path
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos import Transformer
 from torch.utils.data import DataLoader, TensorDataset
@@ -77,6 +80,7 @@ def main() -> int:
     parser.add_argument("--out", default=".", help="default_root_dir; checkpoints in OUT/ckpt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--guard", action="store_true", help="skip steps with non-finite grads")
+    parser.add_argument("--final-weights", help="write the final weights here (safetensors)")
     args = parser.parse_args()
 
     L.seed_everything(args.seed)
@@ -100,8 +104,12 @@ def main() -> int:
     )
     resume = "last" if (ckpt_dir / "last.ckpt").exists() else None
     trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
-    loss = trainer.callback_metrics["train_loss"].item()
+    # A resume from the last step's checkpoint trains no step, and logs no loss.
+    logged = trainer.callback_metrics.get("train_loss")
+    loss = float("nan") if logged is None else logged.item()
     print(f"final loss {loss!r} at step {trainer.global_step}", flush=True)
+    if args.final_weights:
+        save_final_weights(model.state_dict(), args.final_weights)
     return 0
 
 
