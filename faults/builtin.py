@@ -22,6 +22,12 @@ from faults.checkpoint import (
     ZeroPageInjector,
     ZeroPageSpec,
 )
+from faults.collective import (
+    CollectiveFailInjector,
+    CollectiveFailSpec,
+    CollectiveHangInjector,
+    CollectiveHangSpec,
+)
 from faults.data import DuplicateContaminationInjector, DuplicateContaminationSpec
 from faults.injector import Injector
 from faults.loss_spike import BadBatchInjector, BadBatchSpec, LrSpikeInjector, LrSpikeSpec
@@ -47,6 +53,7 @@ from faults.process import (
     PreemptInjector,
     PreemptSpec,
 )
+from faults.slow import SlowLinkInjector, SlowLinkSpec, StragglerInjector, StragglerSpec
 from faults.spec import FaultSpec
 from faults.tokenizer_stress import TokenizerStressInjector, TokenizerStressSpec
 from faults.toxic import ToxicContaminationInjector, ToxicContaminationSpec
@@ -84,4 +91,9 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     (KillSpec, KillInjector),
     (HangSpec, HangInjector),
     (PreemptSpec, PreemptInjector),
+    # process: fail-slow ranks and broken collectives
+    (StragglerSpec, StragglerInjector),
+    (SlowLinkSpec, SlowLinkInjector),
+    (CollectiveFailSpec, CollectiveFailInjector),
+    (CollectiveHangSpec, CollectiveHangInjector),
 )

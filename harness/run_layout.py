@@ -81,6 +81,14 @@ class RunLayout:
         return self.heartbeats / f"rank-{rank}.json"
 
     @property
+    def collectives(self) -> Path:
+        return self.root / "collectives"
+
+    def collective_file(self, rank: int) -> Path:
+        """How many all-reduces one rank has entered, rewritten as it enters each."""
+        return self.collectives / f"rank-{rank}.json"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics"
 
@@ -147,6 +155,7 @@ class RunLayout:
             self.journal,
             self.checkpoints,
             self.heartbeats,
+            self.collectives,
             self.metrics,
             self.microscope,
             self.control,

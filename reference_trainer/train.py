@@ -29,6 +29,8 @@ from reference_trainer.checkpoints.schedule import SaveSchedule
 from reference_trainer.config import TrainConfig
 from reference_trainer.errors import TrainingFailed
 from reference_trainer.processes import distributed
+from reference_trainer.processes.collective_blame import blame_failed_collective
+from reference_trainer.processes.collective_ledger import CollectiveLedger
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.processes.preemption import Preemption, journal_preemption
 from reference_trainer.processes.watchdog import Heartbeat
@@ -112,6 +114,15 @@ class Run:
         if topo.is_main:
             self.start_up(resume=resume, start_over=start_over)
         distributed.barrier(topo)
+        watchdog = cfg.stability.watchdog
+        # Counts and times every all-reduce; its files name a rank stuck before one.
+        self.ledger = (
+            CollectiveLedger(run_dir if watchdog.enabled else None, topo.rank, topo.restart)
+            if topo.distributed
+            else None
+        )
+        if self.ledger is not None:
+            self.ledger.install()
         self.agent = Agent(
             run_dir,
             rank=topo.rank,
@@ -158,7 +169,6 @@ class Run:
         self.gave_up = False
         self.preemption = Preemption(cfg.stability.preemption)
         self.trainer.preempt_requested = lambda: self.preemption.requested
-        watchdog = cfg.stability.watchdog
         self.heartbeat = (
             Heartbeat(watchdog, run_dir, topo.rank, topo.restart, topo.world_size)
             if watchdog.enabled
@@ -263,6 +273,15 @@ class Run:
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            if self.ledger is not None and self.ledger.path is not None:
+                blame_failed_collective(
+                    exc,
+                    self.run_dir,
+                    world_size=topo.world_size,
+                    restart=topo.restart,
+                    claim=agent.claim,
+                    timeout=cfg.stability.watchdog.min_timeout,
+                )
             if isinstance(exc, TightropeError) and not isinstance(exc, TrainingFailed):
                 # The run dir has changed by now: no longer bad input (the CLI exits 1).
                 raise TrainingFailed(str(exc)) from exc
@@ -272,6 +291,8 @@ class Run:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             self.preemption.uninstall()
+            if self.ledger is not None:
+                self.ledger.uninstall()
             ended = {"gave_up": True} if self.gave_up else {}
             agent.close("stopped" if status == "preempted" else status, reason, **ended)
         return RunResult(step, loss, time.monotonic() - started, status)

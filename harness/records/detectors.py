@@ -29,6 +29,9 @@ CLAIMED: MappingProxyType[str, str] = MappingProxyType(
         "recovery_failed": "a recovery action did not bring training back",
         "recovery_exhausted": "the recovery policy ran out of options",
         "hang_watchdog": "a step outlived the hang watchdog",
+        "collective_watchdog": "a rank never entered the collective the others waited in "
+        "(from each rank's count of all-reduces entered)",
+        "straggler": "a rank's compute time stayed well above the fastest rank's",
         "preemption": "the process received SIGTERM",
         "dedup": "the dedup stage dropped exact duplicate documents",
         "semantic_dedup": "the semantic dedup stage dropped near-duplicate documents",
