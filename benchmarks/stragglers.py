@@ -44,7 +44,7 @@ FACTORS = (1.2, 1.5, 2.0, 5.0)
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
 BASELINE = 0.7
 #: (window, patience) pairs scored at the baseline threshold, on the same rows.
-SHAPES = ((1, 3), (3, 2), (3, 3), (5, 3), (5, 5))
+SHAPES = ((1, 3), (1, 4), (1, 5), (3, 3), (3, 5), (5, 5))
 
 
 def worker(rank: int, store: str, plan: list[dict[str, Any]], out: str) -> None:
@@ -211,8 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=5, help="fault episodes per factor")
     parser.add_argument("--fault-steps", type=int, default=12)
     parser.add_argument("--gap", type=int, default=15, help="clean steps before each episode")
-    parser.add_argument("--window", type=int, default=3)
-    parser.add_argument("--patience", type=int, default=3)
+    parser.add_argument("--window", type=int, default=1)
+    parser.add_argument("--patience", type=int, default=5)
+    parser.add_argument(
+        "--rescore", type=Path, help="score the rows of an earlier result file, measure nothing"
+    )
     parser.add_argument("--quick", action="store_true", help="300 clean steps, 3 episodes")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/stragglers.json")
     args = parser.parse_args(argv)
@@ -221,8 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     factors, episodes = make_plan(args.clean_steps, args.episodes, args.fault_steps, args.gap)
     started = time.monotonic()
-    rows = measure(factors)
-    seconds = time.monotonic() - started
+    if args.rescore is not None:
+        earlier = json.loads(args.rescore.read_text())
+        rows, episodes = earlier["rows"], [Episode(**e) for e in earlier["episodes"]]
+        args.clean_steps = earlier["settings"]["clean_steps"]
+        args.episodes = earlier["settings"]["episodes"]
+        args.fault_steps = earlier["settings"]["fault_steps"]
+        seconds = float(earlier["seconds"])
+    else:
+        rows = measure(factors)
+        seconds = time.monotonic() - started
     scores = [score(rows, episodes, t, args.window, args.patience) for t in THRESHOLDS]
     base = next(s for s in scores if s.threshold == BASELINE)
     shapes = [score(rows, episodes, BASELINE, w, p) for w, p in SHAPES]

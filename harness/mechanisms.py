@@ -30,7 +30,7 @@ TRAINER_MECHANISMS = {
     "toxicity_filter": "drop toxic documents (lexicon, classifier), hold unclear ones for review",
     "replica_check": "ranks compare a fingerprint of their parameters; a mismatch restores a "
     "checkpoint",
-    "stragglers": "per-rank straggler scores from compute times; a rank slow for 3 steps is "
+    "stragglers": "per-rank straggler scores from compute times; a rank slow for 5 steps is "
     "journaled, named and alerted",
 }
 

@@ -4,8 +4,8 @@ Each step every rank measures its compute time: the step's time up to the agreem
 less the time it spent inside all-reduces (a rank that waits for a slow peer waits
 there; the slow one does not). A rank's score is, as NVIDIA's resiliency extension's
 relative performance score, the fastest rank's time over its own (1: as fast as the
-fastest; 0.5: twice as slow), here of each rank's median over the last ``window`` steps,
-which steadies the single slow steps a shared machine has. A rank whose score stays
+fastest; 0.5: twice as slow), here of each rank's median over the last ``window`` steps
+(by default 1: the step's own time). A rank whose score stays
 below ``threshold`` for ``patience`` steps in a row is flagged once, until its score
 comes back above the threshold. ``min_gap_ms`` ignores gaps too small to matter (a
 tiny model's steps of a few milliseconds); the ``after_save`` steps after a checkpoint
@@ -33,9 +33,10 @@ class StragglerConfig:
     """Score every rank at every step (jobs of two ranks or more)."""
     threshold: float = 0.7
     """A score below this is slow (NVIDIA's resiliency extension's default, 0.7)."""
-    window: int = 3
-    """Steps whose median compute time a rank's score is taken from."""
-    patience: int = 3
+    window: int = 1
+    """Steps whose median compute time a rank's score is taken from (1: each step's own;
+    benchmarks/stragglers.py found a median of 3 steps no steadier than patience)."""
+    patience: int = 5
     """Steps in a row below the threshold before a rank is flagged."""
     min_gap_ms: float = 2.0
     """A rank within this many milliseconds of the fastest is never slow."""
