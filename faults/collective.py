@@ -1,7 +1,7 @@
 """Collective faults: one rank's all-reduces fail or stop being entered.
 
 ``collective_fail``: the rank's next all-reduce raises a ``DistBackendError`` (what a
-backend raises when a peer or the link is gone), once, at the fault's step.
+backend raises when a peer or the link is gone), once at each step the fault fires.
 ``collective_hang``: the rank stops entering all-reduces: its next call blocks (for good,
 or ``resume_after`` seconds) while the process stays alive, so a process-level check sees
 nothing wrong; the other ranks wait in the collective it never joined.
@@ -26,7 +26,7 @@ from pydantic import Field
 
 from faults.bias import Bias
 from faults.injector import Injection, Injector, StepContext
-from faults.spec import FaultClass, FaultSpec, Trigger
+from faults.spec import FaultClass, FaultSpec
 
 
 def _dist() -> Any:
@@ -90,7 +90,6 @@ class CollectiveFaultSpec(FaultSpec):
     """Fields the collective kinds share."""
 
     fault_class: ClassVar[FaultClass] = "process"
-    triggers: ClassVar[tuple[Trigger, ...]] = ("at_step",)
 
 
 class CollectiveFailSpec(CollectiveFaultSpec):
@@ -123,20 +122,20 @@ class CollectiveFailInjector(Injector[CollectiveFailSpec]):
     def __init__(self, spec: CollectiveFailSpec) -> None:
         super().__init__(spec)
         self.tap = AllReduceTap(self._raise)
-        self._rank = -1
+        self._rank = self._step = -1
 
     def _raise(self) -> None:
         self.tap.armed = False  # once
         raise backend_error(
             f"tightrope collective_fail: all_reduce failed on rank {self._rank} "
-            f"(injected at step {self.spec.at_step})"
+            f"(injected at step {self._step})"
         )
 
     def before_forward(self, ctx: StepContext) -> list[Injection]:
         """Arm the failure on this rank."""
         if ctx.rank not in self.spec.target_ranks(ctx.world_size):
             return []
-        self._rank = ctx.rank
+        self._rank, self._step = ctx.rank, ctx.step
         self.tap.install()
         details = {"rank": ctx.rank, "collective": "all_reduce", "raises": "DistBackendError"}
         return [Injection(fault=self.spec.kind, target=f"rank {ctx.rank}", details=details)]
