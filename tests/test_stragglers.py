@@ -23,6 +23,8 @@ from reference_trainer.processes.collective_blame import blame_failed_collective
 from reference_trainer.processes.collective_counts import counts, culprits
 from reference_trainer.processes.collective_ledger import CollectiveLedger
 from reference_trainer.processes.hang_monitor import blame_collective
+from reference_trainer.stability.mechanism import Boundary, StepState
+from reference_trainer.stability.straggler_step import StragglerWatch
 from reference_trainer.stability.stragglers import StragglerConfig, StragglerScores
 
 # -- scores ---------------------------------------------------------------------------------
@@ -213,3 +215,25 @@ def test_fail_slow_specs_refuse_bad_values() -> None:
         parse_fault({"kind": "straggler", "at_step": 3, "factor": 1.0})
     with pytest.raises(FaultSpecError, match="resume_after"):
         parse_fault({"kind": "collective_hang", "at_step": 3, "resume_after": 0})
+
+
+def test_the_mechanism_names_the_slow_rank_but_not_after_a_save() -> None:
+    """Rank 0 claims `straggler` and `rank_blamed` for rank 1 once it has been slow for
+    `patience` scored steps; the `after_save` steps after a save are not scored."""
+    cfg = StragglerConfig()  # threshold 0.7, patience 5, after_save 3
+    watch = StragglerWatch(cfg, rank=0, world_size=2)
+    claims: list[object] = []
+    for step in range(1, 16):
+        s = StepState(step, 1e-3)
+        watch.agreed(s, torch.tensor([0.1, 0.3]))
+        claims += [(step, type(c).__name__, getattr(c, "blamed_rank", None)) for c in s.claims]
+        if step == 4:  # a save after step 4, as the trainer asks after its agreement
+            watch.between_steps(Boundary(step, save_due=True))  # steps 5-7 not scored
+    # Scored slow steps: 1-4, then 8 (the fifth): flagged there, once.
+    assert claims == [(8, "Detected", None), (8, "RankBlamed", 1)]
+    other = StragglerWatch(cfg, rank=1, world_size=2)
+    s = StepState(1, 1e-3)
+    for step in range(1, 7):
+        s = StepState(step, 1e-3)
+        other.agreed(s, torch.tensor([0.1, 0.3]))
+    assert s.claims == []  # rank 0 alone journals
