@@ -30,6 +30,12 @@ from faults.crash import (
     SegfaultInjector,
     SegfaultSpec,
 )
+from faults.collective import (
+    CollectiveFailInjector,
+    CollectiveFailSpec,
+    CollectiveHangInjector,
+    CollectiveHangSpec,
+)
 from faults.data import DuplicateContaminationInjector, DuplicateContaminationSpec
 from faults.gil import GilLockInjector, GilLockSpec
 from faults.injector import Injector
@@ -57,6 +63,7 @@ from faults.process import (
     PreemptInjector,
     PreemptSpec,
 )
+from faults.slow import SlowLinkInjector, SlowLinkSpec, StragglerInjector, StragglerSpec
 from faults.spec import FaultSpec
 from faults.tokenizer_stress import TokenizerStressInjector, TokenizerStressSpec
 from faults.toxic import ToxicContaminationInjector, ToxicContaminationSpec
@@ -100,4 +107,9 @@ BUILTIN_KINDS: tuple[tuple[type[FaultSpec], type[Injector[Any]]], ...] = (
     (AbortSpec, AbortInjector),
     (GilLockSpec, GilLockInjector),
     (OomSpec, OomInjector),
+    # process: fail-slow ranks and broken collectives
+    (StragglerSpec, StragglerInjector),
+    (SlowLinkSpec, SlowLinkInjector),
+    (CollectiveFailSpec, CollectiveFailInjector),
+    (CollectiveHangSpec, CollectiveHangInjector),
 )

@@ -17,7 +17,8 @@ TRAINER_MECHANISMS = {
     "recovery": "the three-level recovery policy",
     "dedup": "the streaming duplicate filter",
     "semantic_dedup": "paraphrases of kept documents dropped (sentence embeddings of candidates)",
-    "watchdog": "heartbeat hang monitor per rank and a bounded collective timeout",
+    "watchdog": "heartbeat hang monitor per rank, a bounded collective timeout, and the rank "
+    "that never entered a collective named",
     "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
     "crash_report": "a rank dead by an exception or a fatal signal is journaled with its cause "
     "and blamed; the restart names it",
@@ -31,6 +32,8 @@ TRAINER_MECHANISMS = {
     "toxicity_filter": "drop toxic documents (lexicon, classifier), hold unclear ones for review",
     "replica_check": "ranks compare a fingerprint of their parameters; a mismatch restores a "
     "checkpoint",
+    "stragglers": "per-rank straggler scores from compute times; a rank slow for 5 steps is "
+    "journaled, named and alerted",
 }
 
 #: Switched by how the runner launches the trainer, not inside it.

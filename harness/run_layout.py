@@ -91,6 +91,14 @@ class RunLayout:
         return self.crashes / f"rank-{rank}-restart-{restart}.txt"
 
     @property
+    def collectives(self) -> Path:
+        return self.root / "collectives"
+
+    def collective_file(self, rank: int) -> Path:
+        """How many all-reduces one rank has entered, rewritten as it enters each."""
+        return self.collectives / f"rank-{rank}.json"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics"
 
@@ -165,6 +173,7 @@ class RunLayout:
             self.checkpoints,
             self.heartbeats,
             self.crashes,
+            self.collectives,
             self.metrics,
             self.microscope,
             self.control,

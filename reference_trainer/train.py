@@ -34,6 +34,8 @@ from reference_trainer.processes.crash_report import (
     journal_exception,
     journal_restart,
 )
+from reference_trainer.processes.collective_blame import blame_failed_collective
+from reference_trainer.processes.collective_ledger import CollectiveLedger
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.processes.preemption import Preemption, journal_preemption
 from reference_trainer.processes.watchdog import Heartbeat
@@ -117,6 +119,15 @@ class Run:
         if topo.is_main:
             self.start_up(resume=resume, start_over=start_over)
         distributed.barrier(topo)
+        watchdog = cfg.stability.watchdog
+        # Counts and times every all-reduce; its files name a rank stuck before one.
+        self.ledger = (
+            CollectiveLedger(run_dir if watchdog.enabled else None, topo.rank, topo.restart)
+            if topo.distributed
+            else None
+        )
+        if self.ledger is not None:
+            self.ledger.install()
         self.agent = Agent(
             run_dir,
             rank=topo.rank,
@@ -163,7 +174,6 @@ class Run:
         self.gave_up = False
         self.preemption = Preemption(cfg.stability.preemption)
         self.trainer.preempt_requested = lambda: self.preemption.requested
-        watchdog = cfg.stability.watchdog
         self.heartbeat = (
             Heartbeat(watchdog, run_dir, topo.rank, topo.restart, topo.world_size)
             if watchdog.enabled
@@ -278,6 +288,15 @@ class Run:
             reason = f"{type(exc).__name__}: {exc}"
             if self.crashes is not None:
                 journal_exception(agent, exc, topo.rank)
+            if self.ledger is not None and self.ledger.path is not None:
+                blame_failed_collective(
+                    exc,
+                    self.run_dir,
+                    world_size=topo.world_size,
+                    restart=topo.restart,
+                    claim=agent.claim,
+                    timeout=cfg.stability.watchdog.min_timeout,
+                )
             if isinstance(exc, TightropeError) and not isinstance(exc, TrainingFailed):
                 # The run dir has changed by now: no longer bad input (the CLI exits 1).
                 raise TrainingFailed(str(exc)) from exc
@@ -289,6 +308,8 @@ class Run:
             self.preemption.uninstall()
             if self.crashes is not None:
                 self.crashes.uninstall()
+            if self.ledger is not None:
+                self.ledger.uninstall()
             ended = {"gave_up": True} if self.gave_up else {}
             agent.close("stopped" if status == "preempted" else status, reason, **ended)
         return RunResult(step, loss, time.monotonic() - started, status)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from harness.records.journal import read_journal
+from reference_trainer.processes.collective_counts import counts, culprits
 
 from .conftest import run_module, torchrun
 from .test_trainer import assert_same_tensors, final_state
@@ -37,6 +38,11 @@ def test_two_rank_resume_is_bit_exact(tmp_path: Path) -> None:
 
     a, b = read_journal(straight), read_journal(split)
     assert a.ranks == b.ranks == [0, 1]
+    # Negative control of the straggler scores and the collective watchdog: clean runs
+    # name nobody, and both ranks entered the same number of all-reduces.
+    assert [e for e in (*a, *b) if e.kind == "rank_blamed"] == []
+    seqs = counts(straight, 2, 0)
+    assert len(seqs) == 2 and culprits(seqs, 2) == [] and seqs[0] > 40
     for rank in (0, 1):
         assert len(a.losses(rank)) == 40
         assert a.losses(rank) == b.losses(rank)

@@ -25,7 +25,8 @@ SUITE = ROOT / "tests" / "trainers" / "verdicts.yaml"
 P, F = "passed", "failed"
 #: scenario -> check -> (status, figure); None: any figure.
 #: nan: detected, params_finite, max_lost_steps, completed.
-#: snapshot: detected, completed, max_lost_steps, no_corrupt_checkpoint_loaded.
+#: snapshot: detected, completed, max_lost_steps, no_corrupt_checkpoint_loaded (and for the
+#: fail-slow and collective kinds, culprit_named and max_slowdown).
 TABLE: dict[str, dict[str, tuple[str, object]]] = {
     # No guard: the NaN update goes through; nothing the trainer did shows it noticed.
     "tutorial-nan": {
@@ -98,6 +99,20 @@ TABLE: dict[str, dict[str, tuple[str, object]]] = {
         "completed": (P, 40),
         "max_lost_steps": (P, 10),
         "no_corrupt_checkpoint_loaded": (P, 0),
+    },
+    # Rank 1 computes 4x as long from step 5 on: the whole job runs at its pace (measured
+    # 3.1x the clean run's steps/s once, with factor 4 on 20 of 28 steps), and the
+    # trainer names nobody.
+    "snapshot-straggler": {"max_slowdown": (F, None), "culprit_named": (F, 0)},
+    # Rank 1's all-reduce raises during step 18: the worker exits non-zero before the
+    # step ends, torchrun restarts the job from the snapshot of step 16: step 17 redone
+    # (a kill at 18 comes after the step, so it loses 17 and 18); nobody is named.
+    "snapshot-collective-fail": {
+        "detected": (P, None),
+        "completed": (P, 40),
+        "max_lost_steps": (P, 1),
+        "no_corrupt_checkpoint_loaded": (P, 0),
+        "culprit_named": (F, 0),
     },
 }
 
@@ -192,7 +207,18 @@ def test_detection_names_what_the_torchrun_job_did(two_ranks: SuiteResult) -> No
     assert detectors(two_ranks) == {
         "snapshot-kill": "restart",
         "snapshot-verify-bitflip": "checkpoint_integrity",
+        "snapshot-collective-fail": "restart",
     }
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_straggler_really_slows_the_foreign_job(two_ranks: SuiteResult) -> None:
+    """Rank 1 4x slow for 36 of 40 steps: the job's steps/s, measured against its clean
+    run's, falls well below (the others wait for it in DDP's all-reduce)."""
+    result = next(r for r in two_ranks.scenarios if r.name == "snapshot-straggler")
+    slowdown = next(c for c in result.checks if c.name == "max_slowdown")
+    assert slowdown.figure is not None and float(slowdown.figure) > 2.0, slowdown.detail
 
 
 @pytest.mark.slow

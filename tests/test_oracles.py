@@ -398,6 +398,9 @@ def _ask_everything() -> Expect:
         kept_params_finite=True,
         max_stall_seconds=60,
         no_processes_left=True,
+        culprit_named=True,
+        # The synthetic runs are written at the CPU's pace: any ratio of paces is noise.
+        max_slowdown=1e6,
     )
 
 
@@ -432,6 +435,8 @@ def test_judge_on_a_handled_fault(tmp_path: Path) -> None:
         "kept_params_finite": "passed",
         "max_stall_seconds": "passed",
         "no_processes_left": "not judged",  # a synthetic run: no launcher looked
+        "culprit_named": "failed",  # the fault hit rank 0 and no rank was named
+        "max_slowdown": "passed",
     }
 
 

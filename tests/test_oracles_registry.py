@@ -56,7 +56,8 @@ def test_an_unknown_check_is_answered_with_the_checks_in_their_order() -> None:
         "detected, params_finite, completed, final_loss_within, max_lost_steps, mttr, "
         "no_corrupt_checkpoint_loaded, max_contamination_consumed, max_false_alarms, "
         "loss_scale_recovered, max_fallback_rate, max_toxic_consumed, replicas_consistent, "
-        "max_phrase_collapse, kept_params_finite, max_stall_seconds, no_processes_left"
+        "max_phrase_collapse, kept_params_finite, max_stall_seconds, no_processes_left, "
+        "culprit_named, max_slowdown"
     ]
 
 

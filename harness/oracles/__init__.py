@@ -16,6 +16,7 @@ from typing import Protocol
 from harness.oracles.base import ExpectOracle, registered
 from harness.oracles.checkpoints import NoCorruptCheckpointLoadedOracle
 from harness.oracles.collapse import PhraseCollapseOracle
+from harness.oracles.culprit import CulpritOracle, SlowdownOracle
 from harness.oracles.data import ContaminationOracle, ToxicOracle
 from harness.oracles.detection import DetectedOracle, FalseAlarmsOracle
 from harness.oracles.fallback import FallbackRateOracle
@@ -36,6 +37,7 @@ __all__ = [
     "ORACLES",
     "CompletedOracle",
     "ContaminationOracle",
+    "CulpritOracle",
     "DetectedOracle",
     "ExpectOracle",
     "FallbackRateOracle",
@@ -50,6 +52,7 @@ __all__ = [
     "PhraseCollapseOracle",
     "ProcessesLeftOracle",
     "ReplicasConsistentOracle",
+    "SlowdownOracle",
     "StallOracle",
     "ToxicOracle",
     "build_oracles",

@@ -43,7 +43,10 @@ class DetectedOracle(ExpectOracle):
         "until rank 0 trains a calm step again, and before another fault of the plan), or a "
         "claim (a `detected` event, a `checkpoint_rejected` as `checkpoint_integrity`, a "
         "`rank_lost`) that this answer backs: on the claim's rank or rank 0, at the claim's "
-        "step or at most 5 of its rank's steps after it. A scenario of the reference trainer "
+        "step or at most 5 of its rank's steps after it, or that a `rank_blamed` of the same "
+        "detector, rank and step backs by naming the rank the fault hit (which the harness "
+        "knows from the fault's record and the trainer was never told). A scenario of the "
+        "reference trainer "
         "may name only the detectors docs/journal.md lists (a command trainer's, its own "
         "claims too)",
         figure="latency in steps (and seconds)",

@@ -29,6 +29,9 @@ CLAIMED: MappingProxyType[str, str] = MappingProxyType(
         "recovery_failed": "a recovery action did not bring training back",
         "recovery_exhausted": "the recovery policy ran out of options",
         "hang_watchdog": "a step outlived the hang watchdog",
+        "collective_watchdog": "a rank never entered the collective the others waited in "
+        "(from each rank's count of all-reduces entered)",
+        "straggler": "a rank's compute time stayed well above the fastest rank's",
         "preemption": "the process received SIGTERM",
         "rank_crash": "a rank died by an exception (its type and message) or a fatal signal "
         "(SIGSEGV, SIGABRT: faulthandler's report); the rank is blamed",

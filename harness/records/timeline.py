@@ -28,6 +28,7 @@ from harness.records.events import (
     FileLoaded,
     FileLoadFailed,
     FileSaved,
+    RankBlamed,
     RankLost,
     Recovered,
     Restart,
@@ -193,6 +194,19 @@ def detections(journal: Journal) -> list[Detection]:
 BACKING_STEPS = 5
 
 
+def hit_rank(fault: Event) -> int:
+    """The rank a `fault_injected` event says the fault acted on: its ``details.rank``,
+    else the rank that journaled it (a fault acts where its hooks ran)."""
+    details = fault.get("details")
+    rank = details.get("rank") if isinstance(details, dict) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else fault.rank
+
+
+def named_culprits(journal: Journal, fault: Event) -> list[Event]:
+    """The `rank_blamed` events at or after ``fault``, in journal order."""
+    return [e for e in journal.of_kind(RankBlamed) if at_or_after(e, fault)]
+
+
 def plan_index(fault: Event) -> int | None:
     """The plan entry a `fault_injected` event belongs to; None when it names none."""
     details = fault.get("details")
@@ -311,6 +325,14 @@ def corroborated(journal: Journal, fault: Event) -> tuple[list[Detection], list[
     response backs (`_backs`); a claim no response to this fault backs is only a word."""
     observed = responses(journal, fault)
     claims = [d for d in detections(journal) if at_or_after(d.event, fault)]
+    # A claim that names the very rank the fault hit, which the harness knows and the
+    # trainer was never told, is backed by that naming (in its own step and attempt).
+    hit = hit_rank(fault)
+    right = {
+        (e.rank, e.restart, e.step, e.get("detector"))
+        for e in named_culprits(journal, fault)
+        if e.get("blamed_rank") == hit
+    }
     position = {id(e): n for n, e in enumerate(journal)}
     steps_by_rank: dict[int, list[int]] = {}
     for n, e in enumerate(journal):
@@ -325,7 +347,10 @@ def corroborated(journal: Journal, fault: Event) -> tuple[list[Detection], list[
         def between(response: Event, steps: list[int] = steps, at: int = at) -> int:
             return bisect_left(steps, position[id(response)]) - bisect_right(steps, at)
 
-        backed = any(_backs(r.event, claim.event, between(r.event)) for r in observed)
+        c = claim.event
+        backed = (c.rank, c.restart, c.step, claim.detector) in right or any(
+            _backs(r.event, claim.event, between(r.event)) for r in observed
+        )
         (counted if backed else words).append(claim)
     return sorted([*observed, *counted], key=lambda d: d.event.wall), words
 

@@ -4,7 +4,10 @@ Started by `reference_trainer.processes.watchdog.Heartbeat`; see that module for
 rank's heartbeat every ``--poll`` seconds and exits quietly when the rank exits or removes
 its heartbeat. When the heartbeat is older than the timeout the rank wrote into it, it
 journals ``detected`` (``hang_watchdog``) and ``rank_lost`` for the rank(s) that fell
-behind, as the rank itself, then SIGKILLs the rank: torchrun sees a failed worker, stops
+behind, as the rank itself; when the collective ledger's files show ranks that never
+entered the collective the others wait in, it names them too (``rank_blamed`` by
+``collective_watchdog``: a rank alive, beating, stuck before a collective); then it SIGKILLs
+the rank: torchrun sees a failed worker, stops
 the others and restarts the job.
 """
 
@@ -22,6 +25,7 @@ from typing import Any
 
 from harness.records.journal import JournalWriter
 from harness.run_layout import RunLayout
+from reference_trainer.processes import collective_counts
 from reference_trainer.processes.wedge import classify, culprits
 
 
@@ -115,9 +119,32 @@ def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> i
                     reason=f"no progress past step {beats[r]['step']} for over "
                     f"{beat['timeout']:.1f} s",
                 )
+            blame_collective(journal, run_dir, world_size, beat)
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)  # a stopped process heeds nothing else
         return 1
+
+
+def blame_collective(
+    journal: JournalWriter, run_dir: Path, world_size: int, beat: dict[str, Any]
+) -> list[int]:
+    """Name the ranks that never entered the collective the others are in (from the
+    collective ledger's files of this attempt); the ranks named."""
+    seqs = collective_counts.counts(run_dir, world_size, int(beat.get("restart", 0)))
+    blamed = collective_counts.culprits(seqs, world_size)
+    step = int(beat["step"])
+    for r in blamed:
+        details = {"collective_counts": {str(k): v for k, v in seqs.items()}, "rank": r}
+        journal.emit("detected", step, detector="collective_watchdog", details=details)
+        journal.emit(
+            "rank_blamed",
+            step,
+            blamed_rank=r,
+            detector="collective_watchdog",
+            reason=f"entered {seqs[r]} all-reduces, the others {max(seqs.values())}: "
+            "it never joined the collective they wait in",
+        )
+    return blamed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

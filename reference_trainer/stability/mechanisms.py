@@ -21,6 +21,7 @@ from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
 from reference_trainer.stability.quality_weights import QualitySamplingConfig
 from reference_trainer.stability.recovery import RecoveryConfig
 from reference_trainer.stability.replicas import ReplicaCheckConfig
+from reference_trainer.stability.stragglers import StragglerConfig
 from reference_trainer.stability.surgery import SurgeryConfig
 from reference_trainer.stages.dedup import DedupConfig
 from reference_trainer.stages.semantic_dedup import SemanticDedupConfig
@@ -78,6 +79,8 @@ class StabilityConfig:
     """The three-tier toxicity filter (docs/data.md): lexicon, classifier, review queue."""
     replica_check: ReplicaCheckConfig = field(default_factory=ReplicaCheckConfig)
     """Ranks compare a fingerprint of their parameters; a mismatch restores a checkpoint."""
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    """Per-rank straggler scores from compute times; a slow rank is journaled and named."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:

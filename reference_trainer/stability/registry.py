@@ -26,6 +26,7 @@ from reference_trainer.stability.nonfinite_guard import NonfiniteGuard
 from reference_trainer.stability.precision_switch_step import PrecisionSwitching
 from reference_trainer.stability.quality_step import QualitySampling
 from reference_trainer.stability.replica_step import ReplicaCheck
+from reference_trainer.stability.straggler_step import StragglerWatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("crash_report", {"crash_report": False}),
     Entry("lr_floor", {"lr_floor": 0.0}),
     Entry("replica_check", _off("replica_check"), ReplicaCheck),
+    Entry("stragglers", _off("stragglers"), StragglerWatch),
     # Acts on the spike detectors' claims (switched on only with its detector on).
     Entry("forecast_acting", opt_in=True),
 )
