@@ -11,6 +11,11 @@ the trainer's own settings, fresh on each series, fed the loss of every step the
 did not skip, as the trainer feeds it. Scoring: `benchmarks.spike_scoring` (a spike
 counts as detected when a firing falls within ``--window`` steps of its onset).
 
+Level shifts: each clean series again with its losses raised by 2%, 5%, 10% and 25% from
+60% of the run on (a lasting rise, not a spike), replayed with the robust z-score's level
+check on (the trainer's settings) and off (``level_window=0``, as before the check), scored
+within two level windows of the shift's onset; false alarms on the clean series.
+
     .venv/bin/python benchmarks/spike_detectors.py [--quick] [--seeds 4] [--clean-seeds 8]
         [--steps 200] [--record] [--out benchmarks/results/spike_detectors.json]
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -68,6 +74,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 SIZES = ((0.0, 1.1, "< 1.1x"), (1.1, 1.5, "1.1-1.5x"), (1.5, float("inf"), ">= 1.5x"))
+#: Lasting rises put on the clean series, and where (a share of the run).
+LEVEL_SHIFTS = (0.02, 0.05, 0.1, 0.25)
+LEVEL_AT = 0.6
 
 
 def label(fault: dict[str, Any]) -> str:
@@ -180,6 +189,35 @@ def replay(series: Series, config: SpikeConfig) -> dict[str, list[int]]:
     return fired
 
 
+def shifted(series: list[Series], steps: int) -> list[Series]:
+    """Each clean series with each `LEVEL_SHIFTS` rise from ``LEVEL_AT`` of the run on."""
+    at = round(steps * LEVEL_AT)
+    out = []
+    for clean in (s for s in series if s.clean):
+        for rise in LEVEL_SHIFTS:
+            losses = {k: v * (1 + rise) if k >= at else v for k, v in clean.losses.items()}
+            spike = Spike(at, f"level +{rise:.0%}", 1 + rise)
+            out.append(Series(f"{clean.name}+{rise:.0%}", losses, (spike,), at))
+    return out
+
+
+def level_rows(
+    series: list[Series], shifts: list[Series], config: SpikeConfig, aftermath: int
+) -> list[dict[str, Any]]:
+    """The robust z-score with its level check on and off, on the shifted series (recall
+    per rise) and the clean ones (false alarms)."""
+    window = 2 * config.robust.level_window
+    rows = []
+    for name, level_window in (("level check on", config.robust.level_window), ("off", 0)):
+        robust = dataclasses.replace(config.robust, level_window=level_window)
+        one = dataclasses.replace(config, robust=robust, enabled=("robust_zscore",), acting=())
+        mine = [*shifts, *(s for s in series if s.clean)]
+        fired = {s.name: replay(s, one).get("robust_zscore", []) for s in mine}
+        result = row(name, score(fired, mine, window=window, aftermath=aftermath))
+        rows.append(result)
+    return rows
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -240,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, streams in VARIANTS.items():
         firings = {n: [s for stream in streams for s in fired[n].get(stream, [])] for n in fired}
         rows.append(row(name, score(firings, series, window=args.window, aftermath=args.aftermath)))
+    shifts = shifted(series, args.steps)
+    levels = level_rows(series, shifts, StabilityConfig().spikes, args.aftermath)
     result = {
         "benchmark": "spike_detectors",
         "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -250,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "window": args.window, "aftermath": args.aftermath,
         "series": len(series), "clean_series": sum(s.clean for s in series),
         "record_seconds": None if reused else recorded - started,
-        "replay_seconds": replayed - recorded, "rows": rows,
+        "replay_seconds": replayed - recorded, "rows": rows, "level_shifts": levels,
         "spikes": [
             {"series": s.name, "onset": p.onset, "fault": p.label, "size": p.size}
             for s in series for p in s.spikes
@@ -270,6 +310,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{_fmt(r['median_delay'], '.0f')} (max {_fmt(r['max_delay'], '.0f')})", *sizes,
         )  # fmt: skip
     console.print(table)
+    levels_table = Table(title="robust_zscore on lasting rises (clean series raised from 60% on)")
+    for title in ("level check", *(f"+{r:.0%}" for r in LEVEL_SHIFTS), "delay", "per 1k clean"):
+        levels_table.add_column(title, justify="left" if title == "level check" else "right")
+    for r in levels:
+        found = [r["by_fault"].get(f"level +{x:.0%}", []) for x in LEVEL_SHIFTS]
+        levels_table.add_row(
+            r["variant"], *(f"{sum(d is not None for d in f)}/{len(f)}" for f in found),
+            f"{_fmt(r['median_delay'], '.0f')} (max {_fmt(r['max_delay'], '.0f')})",
+            _fmt(r["false_alarms_per_1000_clean_steps"], ".1f"),
+        )  # fmt: skip
+    console.print(levels_table)
     how = "cached series" if reused else f"recorded in {recorded - started:.0f} s"
     console.print(
         f"{len(series)} series ({how}), replayed in {replayed - recorded:.0f} s; {args.out}"

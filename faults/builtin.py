@@ -22,6 +22,12 @@ from faults.checkpoint import (
     ZeroPageInjector,
     ZeroPageSpec,
 )
+from faults.collective import (
+    CollectiveFailInjector,
+    CollectiveFailSpec,
+    CollectiveHangInjector,
+    CollectiveHangSpec,
+)
 from faults.crash import (
     AbortInjector,
     AbortSpec,
@@ -29,12 +35,6 @@ from faults.crash import (
     RankExceptionSpec,
     SegfaultInjector,
     SegfaultSpec,
-)
-from faults.collective import (
-    CollectiveFailInjector,
-    CollectiveFailSpec,
-    CollectiveHangInjector,
-    CollectiveHangSpec,
 )
 from faults.data import DuplicateContaminationInjector, DuplicateContaminationSpec
 from faults.gil import GilLockInjector, GilLockSpec

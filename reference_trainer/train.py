@@ -29,13 +29,13 @@ from reference_trainer.checkpoints.schedule import SaveSchedule
 from reference_trainer.config import TrainConfig
 from reference_trainer.errors import TrainingFailed
 from reference_trainer.processes import distributed
+from reference_trainer.processes.collective_blame import blame_failed_collective
+from reference_trainer.processes.collective_ledger import CollectiveLedger
 from reference_trainer.processes.crash_report import (
     CrashReport,
     journal_exception,
     journal_restart,
 )
-from reference_trainer.processes.collective_blame import blame_failed_collective
-from reference_trainer.processes.collective_ledger import CollectiveLedger
 from reference_trainer.processes.distributed import Topology
 from reference_trainer.processes.preemption import Preemption, journal_preemption
 from reference_trainer.processes.watchdog import Heartbeat

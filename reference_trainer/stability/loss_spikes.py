@@ -87,7 +87,7 @@ class RobustZScoreConfig:
     """Added to the scale."""
     rel_floor: float = 1e-3
     """Lower bound on the scale as a fraction of the last accepted loss (flat curves)."""
-    level_window: int = 10
+    level_window: int = 15
     """Accepted losses whose median is held against the median of as many before them (a
     level shift); 0 turns the level check off."""
     level_threshold: float = 6.0
