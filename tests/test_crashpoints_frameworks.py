@@ -11,7 +11,7 @@ weights is SILENT_DIVERGENCE; one that ended with the same weights is PASS, or L
 it started from an older checkpoint than the newest the kill left whole.
 
 Each run is as short as shows the outcome (one or two saves, a sample of the points); the
-durations alone are in docs/crashpoints_frameworks.md.
+durations alone are in docs/crashpoints.md ("Findings on frameworks").
 """
 
 from __future__ import annotations
