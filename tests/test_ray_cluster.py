@@ -88,12 +88,27 @@ class _Watch:
                     os.kill(int(pid), signal.SIGKILL)
 
 
+def _start(watch: _Watch) -> tuple[Cluster, Any]:
+    """The head and a second node. Ray gives a raylet 30 s to register, which a loaded
+    2-core machine can miss: a start that timed out is torn down and tried again."""
+    for tries_left in (2, 1, 0):
+        cluster = Cluster()
+        try:
+            cluster.add_node(include_dashboard=False, **NODE)
+            return cluster, cluster.add_node(**NODE)
+        except Exception:
+            watch.look()
+            cluster.shutdown()
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture
 def two_nodes() -> Iterator[tuple[Cluster, Any, _Watch]]:
     watch = _Watch()
-    cluster = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **NODE})
+    cluster, second = _start(watch)
     try:
-        second = cluster.add_node(**NODE)
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         watch.look()
         yield cluster, second, watch
@@ -168,7 +183,7 @@ def test_the_smoke_suite_and_a_sweep_on_two_nodes_judge_as_locally_when_one_node
     }
     ray_runs = {(r.cell, r.seed): r for r in on_cluster["sweep"].records}
     local_runs = {(r.cell, r.seed): r for r in local_sweep.records}
-    assert sorted(ray_runs) == sorted(local_runs) == [(0, 0), (1, 0)]
+    assert sorted(ray_runs) == sorted(local_runs) and len(ray_runs) == 2
     assert {k: _outcome(r.result) for k, r in ray_runs.items()} == {
         k: _outcome(r.result) for k, r in local_runs.items()
     }
@@ -181,6 +196,8 @@ def test_the_smoke_suite_and_a_sweep_on_two_nodes_judge_as_locally_when_one_node
     # The lost task is marked where it was lost, and finished on the head.
     results = [*ray_suite.scenarios, *(r.result for r in on_cluster["sweep"].records)]
     rerun = [r for r in results if r.lost_attempts]
+    for r in rerun:  # (seen with -s)
+        print(f"run again: {r.name} {r.status} on {r.ran_on}: {r.lost_attempts}")
     assert rerun, "no run was marked as lost with the removed node"
     for r in rerun:
         assert all(second_id in line for line in r.lost_attempts), r.lost_attempts
