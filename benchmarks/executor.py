@@ -69,6 +69,22 @@ def _figures(name: str, run: SweepRun, wall: float) -> dict[str, Any]:
     }
 
 
+def _two_nodes(cluster_class: Any) -> Any:
+    """Head and second node; Ray gives a raylet 30 s to register, which a loaded machine can
+    miss: a start that timed out is torn down and tried again (twice)."""
+    for tries_left in (2, 1, 0):
+        cluster = cluster_class()
+        try:
+            cluster.add_node(include_dashboard=False, **NODE)
+            cluster.add_node(**NODE)
+            return cluster
+        except Exception:
+            cluster.shutdown()
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _on_cluster(sweep: Any, tmp: Path) -> tuple[dict[str, Any], float]:
     import ray
     from ray.cluster_utils import Cluster
@@ -76,9 +92,8 @@ def _on_cluster(sweep: Any, tmp: Path) -> tuple[dict[str, Any], float]:
     from harness.running.ray_executor import RayExecutor
 
     started = time.monotonic()
-    cluster = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **NODE})
+    cluster = _two_nodes(Cluster)
     try:
-        cluster.add_node(**NODE)
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         executor = RayExecutor()
         start_up = time.monotonic() - started
