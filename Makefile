@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
-		-c constraints.txt -e '.[dev,docker,semantic,chaos,frameworks]'
+		-c constraints.txt -e '.[dev,docker,semantic,chaos,frameworks,ray]'
 	@touch $(STAMP)
 
 ## install: only the install that the other targets start with (the CI templates' set-up)

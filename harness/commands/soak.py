@@ -15,6 +15,7 @@ from typing import Any
 from rich.markup import escape
 
 from faults.spec import MAX_STEP
+from harness.commands.executor_args import add_executor_args, chosen_executor
 from harness.commands.suite import UsageError, interrupt
 from harness.errors import TightropeError
 from harness.tables import command_console
@@ -122,15 +123,13 @@ def add_commands(commands: Any) -> None:
         "--scorecard", type=Path, metavar="DIR", help="where results go (runs/soak-seed-SEED)"
     )
     soak.add_argument("--no-cache", action="store_true", help="rerun the fault-free runs")
+    add_executor_args(soak)
     soak.set_defaults(handler=_soak)
 
 
 def _soak(args: argparse.Namespace) -> int:
-    from harness.running.runner import wait_or_stop
-    from harness.scorecard.render import write_scorecards
-    from harness.scorecard.render.terminal import print_results
     from harness.soak.plan import check_kinds
-    from harness.soak.soak import SoakOptions, run_soak
+    from harness.soak.soak import SoakOptions
 
     kinds = None if args.kinds is None else check_kinds(args.kinds.split(","))
     out_dir = args.scorecard or Path("runs") / f"soak-seed-{args.seed}"
@@ -155,6 +154,17 @@ def _soak(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         say=lambda line: console.print(escape(line), highlight=False),
     )
+    with chosen_executor(args) as executor:
+        options.executor = executor
+        return _soak_with(options, console, out_dir, args.seed)
+
+
+def _soak_with(options: Any, console: Any, out_dir: Path, seed: int) -> int:
+    from harness.running.runner import wait_or_stop
+    from harness.scorecard.render import write_scorecards
+    from harness.scorecard.render.terminal import print_results
+    from harness.soak.soak import run_soak
+
     # The soak runs in a worker thread; Ctrl-C or SIGTERM here sets its stop event, which
     # kills every launch within a second, and the results so far are still written.
     previous = signal.signal(signal.SIGTERM, interrupt)
@@ -174,7 +184,7 @@ def _soak(args: argparse.Namespace) -> int:
     files = write_scorecards(outcome.result, out_dir)
     print_results(outcome.result, console)
     if outcome.broken is not None:
-        console.print(f"[bold red]{escape(outcome.broken)} broke[/] (seed {args.seed})")
+        console.print(f"[bold red]{escape(outcome.broken)} broke[/] (seed {seed})")
         if outcome.minimal is not None and outcome.minimal_file is not None:
             how = "minimal plan"
             if not outcome.shrink_complete:

@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from harness.commands.executor_args import add_executor_args, chosen_executor
 from harness.errors import TightropeError
 from harness.suites.keywords import keyword_match
 from harness.suites.scenario import TRAINER_PRESETS, Scenario, Suite
@@ -56,6 +57,7 @@ def add_commands(commands: Any) -> None:
     run.add_argument("--min-score", type=_score, metavar="N", help="fail below this score")
     run.add_argument("--cores", type=_cores, metavar="N", help="cores to fill (default: all)")
     run.add_argument("--no-cache", action="store_true", help="rerun the fault-free baselines")
+    add_executor_args(run)
     run.set_defaults(handler=_run)
     listing = commands.add_parser("list", help="validate a suite and list its scenarios")
     listing.add_argument("suite", type=Path, metavar="SUITE.yaml")
@@ -122,7 +124,8 @@ def _run(args: argparse.Namespace) -> int:
     # launch killed within a second, the results so far written as a partial scorecard.
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        result = run_suite(suite, options, select=[s.name for s in chosen])
+        with chosen_executor(args) as options.executor:
+            result = run_suite(suite, options, select=[s.name for s in chosen])
     finally:
         signal.signal(signal.SIGTERM, previous)
     files = write_scorecards(result, out_dir)

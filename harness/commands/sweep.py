@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from harness.commands.executor_args import add_executor_args, chosen_executor
 from harness.commands.suite import _cores, interrupt
 from harness.tables import Column, command_console, print_table
 
@@ -42,6 +43,7 @@ def add_commands(commands: Any) -> None:
         "--seeds", type=_seed_count, metavar="N", help="the first N seeds only (a quick look)"
     )
     sweep.add_argument("--no-cache", action="store_true", help="run every run again")
+    add_executor_args(sweep)
     sweep.set_defaults(handler=_sweep)
 
 
@@ -69,7 +71,8 @@ def _sweep(args: argparse.Namespace) -> int:
     )
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        run = run_sweep(sweep, options)
+        with chosen_executor(args) as options.executor:
+            run = run_sweep(sweep, options)
     finally:
         signal.signal(signal.SIGTERM, previous)
     cells = summarize(run)

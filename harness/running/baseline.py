@@ -10,6 +10,7 @@ packages that decide what the run computes.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -17,7 +18,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness.errors import TightropeError
@@ -91,6 +92,18 @@ def _lock_for(key: str) -> threading.Lock:
         return _locks.setdefault(key, threading.Lock())
 
 
+@contextlib.contextmanager
+def cache_lock(cache_dir: Path, key: str) -> Iterator[Path]:
+    """Hold the cache entry of ``key`` (threads and processes wait for one another); yields
+    the entry's run dir."""
+    run_dir = cache_dir / "baselines" / key
+    with _lock_for(key):
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(run_dir.parent / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield run_dir
+
+
 def baseline_run(
     spec: TrainerSpec,
     cache_dir: Path,
@@ -104,41 +117,35 @@ def baseline_run(
     Concurrent callers (threads or processes) asking for the same key wait for one run.
     """
     key = baseline_key(spec)
-    run_dir = cache_dir / "baselines" / key
-    with _lock_for(key):
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(run_dir.parent / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if use_cache and RunLayout(run_dir).baseline_done.is_file():
-                return run_dir
-            with RunDirLock.acquire(run_dir) as claim:  # (a stray trainer in it is refused)
-                claim.clear()
-                argv = (
-                    reference_command(spec, run_dir, None, stop_after=spec.stop_after)
-                    if spec.command is None
-                    else custom_command(spec, run_dir, None)
-                )
-                launch = run_process(
-                    argv,
-                    log=RunLayout(run_dir).log,
-                    deadline=time.monotonic() + spec.timeout,
-                    env={**trainer_env(spec), **claim.env()},
-                    on_poll=(lambda: on_poll(run_dir)) if on_poll else None,
-                    cwd=trainer_cwd(spec, run_dir),
-                    stop=stop,
-                )
-            if launch.interrupted:
-                raise BaselineError("the fault-free baseline run was stopped (Ctrl-C or SIGTERM)")
-            if launch.timed_out or launch.exit_code != 0:
-                how = (
-                    f"timed out after {spec.timeout:g} s"
-                    if launch.timed_out
-                    else f"exited with code {launch.exit_code}"
-                )
-                raise BaselineError(
-                    f"the fault-free baseline run {how}; see {RunLayout(run_dir).log}"
-                )
-            RunLayout(run_dir).baseline_done.write_text(
-                json.dumps({"key": key, "trainer": spec.identity(), "seconds": launch.seconds})
+    with cache_lock(cache_dir, key) as run_dir:
+        if use_cache and RunLayout(run_dir).baseline_done.is_file():
+            return run_dir
+        with RunDirLock.acquire(run_dir) as claim:  # (a stray trainer in it is refused)
+            claim.clear()
+            argv = (
+                reference_command(spec, run_dir, None, stop_after=spec.stop_after)
+                if spec.command is None
+                else custom_command(spec, run_dir, None)
             )
+            launch = run_process(
+                argv,
+                log=RunLayout(run_dir).log,
+                deadline=time.monotonic() + spec.timeout,
+                env={**trainer_env(spec), **claim.env()},
+                on_poll=(lambda: on_poll(run_dir)) if on_poll else None,
+                cwd=trainer_cwd(spec, run_dir),
+                stop=stop,
+            )
+        if launch.interrupted:
+            raise BaselineError("the fault-free baseline run was stopped (Ctrl-C or SIGTERM)")
+        if launch.timed_out or launch.exit_code != 0:
+            how = (
+                f"timed out after {spec.timeout:g} s"
+                if launch.timed_out
+                else f"exited with code {launch.exit_code}"
+            )
+            raise BaselineError(f"the fault-free baseline run {how}; see {RunLayout(run_dir).log}")
+        RunLayout(run_dir).baseline_done.write_text(
+            json.dumps({"key": key, "trainer": spec.identity(), "seconds": launch.seconds})
+        )
     return run_dir

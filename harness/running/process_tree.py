@@ -92,15 +92,15 @@ class LeftProcess:
         return f"pid {self.pid} ({self.command}){who}"
 
 
-def marked(mark: str) -> list[int]:
+def marked(mark: str, name: str = MARK) -> list[int]:
     """Processes whose environment carries ``MARK=mark`` (inherited by everything a launch
-    started, in whatever session or parent it ended up)."""
-    return sorted(_marked(mark))
+    started, in whatever session or parent it ended up); ``name``: another variable."""
+    return sorted(_marked(mark, name))
 
 
-def _marked(mark: str) -> dict[int, list[bytes]]:
+def _marked(mark: str, name: str = MARK) -> dict[int, list[bytes]]:
     """The marked processes with their environments."""
-    needle = f"{MARK}={mark}".encode()
+    needle = f"{name}={mark}".encode()
     found = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -133,19 +133,19 @@ def _left(pid: int, environ: list[bytes]) -> LeftProcess:
     return LeftProcess(pid, command if len(command) <= 160 else command[:157] + "...", started_by)
 
 
-def kill_marked(mark: str, grace: float = 0.0) -> list[LeftProcess]:
+def kill_marked(mark: str, grace: float = 0.0, name: str = MARK) -> list[LeftProcess]:
     """SIGKILL every process left over from the launch ``mark`` (stopped ones too: SIGKILL
     ends a stopped process) once ``grace`` seconds have given them the chance to end on
     their own (a process already killed and still dying, a monitor that follows its rank
-    out); what was killed, each named."""
-    left = _marked(mark)
+    out); what was killed, each named. ``name``: the variable, when not ``MARK``."""
+    left = _marked(mark, name)
     if not left:  # a process caught in the middle of an exec can read as no environment
         time.sleep(0.05)
-        left = _marked(mark)
+        left = _marked(mark, name)
     deadline = time.monotonic() + grace
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = _marked(mark)
+        left = _marked(mark, name)
     named = [_left(pid, environ) for pid, environ in sorted(left.items())]
     for pid in left:
         _signal(pid, signal.SIGKILL)

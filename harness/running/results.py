@@ -61,6 +61,12 @@ class ScenarioResult:
     ended: float | None = None
     #: Figures beyond the checks (a soak's ETTR, goodput, incidents: docs/soak.md).
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: Attempts of this scenario's runs (faulted or baseline) that a cluster lost with its
+    #: node and ran again on another, one line each (docs/cluster.md): the cluster's
+    #: failures, never the trainer's; the checks judge the attempt that finished.
+    lost_attempts: list[str] = field(default_factory=list)
+    #: The cluster node the faulted run finished on (its Ray node id); None: this machine.
+    ran_on: str | None = None
 
     @property
     def status(self) -> Status:
@@ -110,6 +116,8 @@ class ScenarioResult:
             "left_processes": self.left_processes,
             "ended": self.ended,
             "metrics": self.metrics,
+            "lost_attempts": self.lost_attempts,
+            "ran_on": self.ran_on,
         }
 
     @classmethod
@@ -134,6 +142,8 @@ class ScenarioResult:
             left_processes=[str(p) for p in data.get("left_processes") or []],
             ended=data.get("ended"),
             metrics=dict(data.get("metrics") or {}),
+            lost_attempts=[str(line) for line in data.get("lost_attempts") or []],
+            ran_on=data.get("ran_on"),
         )
 
 

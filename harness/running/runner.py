@@ -16,7 +16,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,17 +33,9 @@ from harness.oracles.verdict import Evidence
 from harness.records.events import RunEnd, StepObserved
 from harness.records.journal import Journal, read_journal
 from harness.run_layout import RunLayout
-from harness.running.baseline import BaselineError, baseline_key, baseline_run, default_cache_dir
-from harness.running.launch import (
-    Launch,
-    check_command,
-    custom_command,
-    log_tail,
-    reference_command,
-    run_process,
-    trainer_cwd,
-    trainer_env,
-)
+from harness.running.baseline import BaselineError, baseline_key, default_cache_dir
+from harness.running.executor import Executor, LocalExecutor, Ran
+from harness.running.launch import Launch, check_command, log_tail
 from harness.running.progress import SuiteProgress
 from harness.running.results import ScenarioResult, SuiteResult
 from harness.running.run_lock import RunDirLock
@@ -68,6 +60,8 @@ class RunOptions:
     #: Set to stop the run: every launch is killed within 0.2 s, scenarios not begun are
     #: not run, and the results gathered so far make a partial scorecard.
     stop: threading.Event = field(default_factory=threading.Event)
+    #: Where runs execute; None: this machine, within ``cores`` (`LocalExecutor`).
+    executor: Executor | None = None
 
 
 def with_overrides(scenario: Scenario, options: RunOptions) -> Scenario:
@@ -83,72 +77,8 @@ def with_overrides(scenario: Scenario, options: RunOptions) -> Scenario:
     return scenario.model_copy(update={"trainer": trainer})
 
 
-class _Cores:
-    """Counts free cores so parallel scenarios never ask for more ranks than exist."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.free = max(1, total), max(1, total)
-        self._cond = threading.Condition()
-
-    def take(self, n: int) -> int:
-        n = min(n, self.total)
-        with self._cond:
-            self._cond.wait_for(lambda: self.free >= n)
-            self.free -= n
-        return n
-
-    def give(self, n: int) -> None:
-        with self._cond:
-            self.free += n
-            self._cond.notify_all()
-
-
 #: The error of a scenario the user stopped, or never began because of it.
 INTERRUPTED = "interrupted: the suite run was stopped (Ctrl-C or SIGTERM)"
-
-
-def _launch_faulted(
-    scenario: Scenario,
-    run_dir: Path,
-    plan: Path | None,
-    poll: Callable[[], None],
-    stop: threading.Event | None = None,
-    *,
-    owner: Mapping[str, str] | None = None,
-) -> Launch:
-    """The faulted run: one launch, or a stop and a resume when the scenario asks.
-    ``owner``: the environment by which the trainer shares the runner's claim."""
-    spec = scenario.trainer
-    deadline = time.monotonic() + spec.timeout
-    log, env = RunLayout(run_dir).log, {**trainer_env(spec), **(owner or {})}
-    if spec.command is not None:
-        argv = custom_command(spec, run_dir, plan)
-        cwd = trainer_cwd(spec, run_dir)
-        return run_process(
-            argv, log=log, deadline=deadline, env=env, on_poll=poll, cwd=cwd, stop=stop
-        )
-    if spec.launcher == "docker":
-        from harness.running.docker_launch import run_on_docker
-
-        return run_on_docker(scenario, run_dir, plan, log, deadline, poll, owner_env=owner)
-    # A process fault needs torchrun even for one rank: it restarts what was lost.
-    elastic = any(type(f).fault_class == "process" for f in scenario.faults)
-    early = spec.resume_after or spec.stop_after
-    first = reference_command(spec, run_dir, plan, stop_after=early, elastic=elastic)
-    launch = run_process(first, log=log, deadline=deadline, env=env, on_poll=poll, stop=stop)
-    if spec.resume_after is None or launch.exit_code != 0:
-        return launch
-    second = reference_command(spec, run_dir, plan, resume=True, elastic=elastic)
-    again = run_process(second, log=log, deadline=deadline, env=env, on_poll=poll, stop=stop)
-    return Launch(
-        again.exit_code,
-        again.timed_out,
-        launch.seconds + again.seconds,
-        again.interrupted,
-        left_behind=(launch.left_behind or 0) + (again.left_behind or 0),
-        left_processes=launch.left_processes + again.left_processes,
-        ended=again.ended,
-    )
 
 
 def _read(run_dir: Path) -> Journal:
@@ -232,13 +162,18 @@ def _unjudged(scenario: Scenario) -> ScenarioResult:
     )
 
 
-def _note_launch(result: ScenarioResult, launch: Launch, run_dir: Path) -> None:
-    """What the faulted run's launch left: its log's tail, exit, time and leftovers."""
+def _note_launch(result: ScenarioResult, ran: Ran, run_dir: Path) -> Launch:
+    """What the faulted run's launch left: its log's tail, exit, time and leftovers, and
+    the attempts a cluster lost before it."""
+    launch = ran.launch
+    result.lost_attempts += ran.lost
+    result.ran_on = ran.node
     result.log_tail = log_tail(RunLayout(run_dir).log)
     result.exit_code = launch.exit_code
     result.run_seconds = launch.seconds
     result.left_behind, result.ended = launch.left_behind, launch.ended
     result.left_processes = list(launch.left_processes)
+    return launch
 
 
 class Runner:
@@ -247,7 +182,7 @@ class Runner:
     def __init__(self, options: RunOptions, progress: SuiteProgress | None = None) -> None:
         self.options = options
         self.progress = progress
-        self._cores = _Cores(options.cores)
+        self.executor = options.executor or LocalExecutor(options.cores)
 
     def _bar(
         self, label: str, steps: int, *, counts: bool = True
@@ -262,7 +197,7 @@ class Runner:
     def scenario(self, scenario: Scenario) -> ScenarioResult:
         """Run one scenario (its baseline first when a check needs one) and judge it."""
         spec, out = scenario.trainer, self.options.out_dir
-        cores = self._cores.take(spec.world_size)
+        cores = self.executor.take(spec.world_size)
         started = time.monotonic()
         result = _unjudged(scenario)
         poll, finish = self._bar(scenario.name, spec.steps)
@@ -283,10 +218,10 @@ class Runner:
             # The plan is kept with the run either way; a fault-free scenario passes none
             # (the reference trainer refuses an empty --fault-plan).
             given = plan if scenario.faults else None
-            launch = _launch_faulted(
-                scenario, run_dir, given, lambda: poll(run_dir), stop, owner=claim.env()
+            ran = self.executor.faulted(
+                scenario, run_dir, given, lambda: poll(run_dir), stop, claim.env()
             )
-            _note_launch(result, launch, run_dir)
+            launch = _note_launch(result, ran, run_dir)
             try:
                 journal = _read(run_dir)
             except JournalError as exc:
@@ -323,7 +258,7 @@ class Runner:
             result.error = f"harness error: {type(exc).__name__}: {exc}"
         finally:
             stack.close()
-            self._cores.give(cores)
+            self.executor.give(cores)
             result.seconds = time.monotonic() - started
             finish(_line(result))
         return result
@@ -334,7 +269,7 @@ class Runner:
         spec = scenario.trainer
         poll, finish = self._bar(f"{scenario.name} (baseline)", spec.steps, counts=False)
         try:
-            cached = baseline_run(
+            ran = self.executor.baseline(
                 spec,
                 self.options.cache_dir,
                 use_cache=self.options.use_cache,
@@ -345,6 +280,8 @@ class Runner:
             finish(f"  baseline of {scenario.name} failed")
             raise BaselineError(f"{exc}\n{log_tail(self._log_of(spec))}") from None
         finish(f"  baseline of {scenario.name}: ready")
+        cached = ran.run_dir
+        result.lost_attempts += tuple(f"baseline: {line}" for line in ran.lost)
         kept = keep_baseline(cached, self.options.out_dir)
         result.baseline_dir = f"baselines/{cached.name}"
         return _read(kept)
@@ -396,7 +333,7 @@ def run_suite(
     title = f"{suite.name} ({options.preset or 'as written'})"
     display = SuiteProgress(len(scenarios), title) if progress else None
     runner = Runner(options, display)
-    workers = max(1, min(len(scenarios), options.cores))
+    workers = max(1, min(len(scenarios), runner.executor.slots(options.cores)))
     if display is not None:
         display.__enter__()
     pool = ThreadPoolExecutor(max_workers=workers)

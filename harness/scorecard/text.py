@@ -6,7 +6,7 @@ import math
 import re
 
 from harness.oracles.verdict import Check, CheckStatus, Figure
-from harness.running.results import Status
+from harness.running.results import ScenarioResult, Status
 
 #: Icons for a scenario's status, in the Markdown summary and the comparison.
 STATUS_ICON: dict[Status, str] = {"passed": "✅", "failed": "❌", "error": "💥"}
@@ -96,6 +96,18 @@ def describe_check(check: Check, *, detail: bool = False) -> str:
 def clean_text(text: str) -> str:
     """Log text fit for any report: colour codes and characters XML refuses removed."""
     return _NOT_XML.sub("", _ANSI.sub("", text))
+
+
+def rerun_note(result: ScenarioResult) -> str | None:
+    """What a cluster lost of a scenario's runs before the attempt judged, in one line
+    (None when it lost nothing): the cluster's failure, never the trainer's."""
+    if not result.lost_attempts:
+        return None
+    where = f" (finished on node {result.ran_on[:12]})" if result.ran_on else ""
+    return (
+        f"run again after the cluster lost {plural(len(result.lost_attempts), 'attempt')}"
+        f"{where}, not the trainer's doing: " + "; ".join(result.lost_attempts)
+    )
 
 
 def slug(name: str) -> str:

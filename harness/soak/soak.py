@@ -40,7 +40,8 @@ from harness.records.events import StepObserved
 from harness.records.journal import read_journal
 from harness.records.timeline import LEAD_RANK
 from harness.run_layout import RunLayout
-from harness.running.baseline import baseline_run, default_cache_dir
+from harness.running.baseline import default_cache_dir
+from harness.running.executor import Executor, LocalExecutor
 from harness.running.progress import SuiteProgress
 from harness.running.results import ScenarioResult, SuiteResult
 from harness.running.runner import INTERRUPTED, Runner, RunOptions
@@ -89,6 +90,8 @@ class SoakOptions:
     use_cache: bool = True
     progress: bool = True
     stop: threading.Event = field(default_factory=threading.Event)
+    #: Where runs execute (docs/cluster.md); None: this machine.
+    executor: Executor | None = None
     #: Where progress lines go (one per stage and shrinking trial).
     say: Callable[[str], None] = print
 
@@ -158,7 +161,10 @@ def calibrate(options: SoakOptions) -> tuple[int, float]:
     assert options.seconds is not None
     steps = max(CALIBRATION_STEPS, 2 * options.checkpoint_every + 20)  # two saves in the rate
     spec = _trainer(options, steps, 0, 600.0)
-    run_dir = baseline_run(spec, options.cache_dir, use_cache=options.use_cache, stop=options.stop)
+    executor = options.executor or LocalExecutor(options.world_size)
+    run_dir = executor.baseline(
+        spec, options.cache_dir, use_cache=options.use_cache, on_poll=None, stop=options.stop
+    ).run_dir
     journal = read_journal(run_dir, warn=False)
     lead = [e for e in journal if e.is_(StepObserved) and e.rank == LEAD_RANK]
     if len(lead) < 10:
@@ -236,6 +242,7 @@ def run_soak(options: SoakOptions) -> SoakOutcome:
         cache_dir=options.cache_dir,
         use_cache=options.use_cache,
         stop=options.stop,
+        executor=options.executor,
     )
     soaked = _run_one(scenario, run_options, options.progress)
     soaked.metrics = _metrics(soaked, options, steps, per_step, len(plan))
@@ -335,9 +342,12 @@ def _shrink(outcome: SoakOutcome, soak: Scenario, options: SoakOptions) -> None:
     """Cut the plan down to a smallest one still breaking ``outcome.broken``."""
     check = outcome.broken
     assert check is not None
-    out = options.out_dir / "shrink"
     run_options = RunOptions(
-        out_dir=out, cache_dir=options.cache_dir, use_cache=options.use_cache, stop=options.stop
+        out_dir=options.out_dir / "shrink",
+        cache_dir=options.cache_dir,
+        use_cache=options.use_cache,
+        stop=options.stop,
+        executor=options.executor,
     )
     runner = Runner(run_options)
     expect = _trial_expect(check, options)

@@ -29,6 +29,7 @@ from harness.records.events import StepObserved
 from harness.records.journal import json_safe, read_journal
 from harness.records.timeline import surviving_losses
 from harness.running.baseline import default_cache_dir, scenario_key
+from harness.running.executor import CLUSTER_ERROR, Executor
 from harness.running.launch import check_command
 from harness.running.progress import SuiteProgress
 from harness.running.results import ScenarioResult
@@ -53,6 +54,8 @@ class SweepOptions:
     progress: bool = True
     #: Set to stop: running launches are killed, runs not begun are not run.
     stop: threading.Event = field(default_factory=threading.Event)
+    #: Where runs execute; None: this machine, within ``cores``.
+    executor: Executor | None = None
 
 
 @dataclass(slots=True)
@@ -162,9 +165,10 @@ def _save_record(path: Path, record: RunRecord) -> None:
 
 
 def _keep(result: ScenarioResult) -> bool:
-    """Whether a run's outcome is the configuration's (a stopped run or the harness's own
-    failure is not, and is run again next time)."""
-    return not (_stopped(result) or (result.error or "").startswith("harness error:"))
+    """Whether a run's outcome is the configuration's (a stopped run, the harness's own
+    failure or a cluster's is not, and is run again next time)."""
+    error = result.error or ""
+    return not (_stopped(result) or error.startswith(("harness error:", CLUSTER_ERROR)))
 
 
 def _stopped(result: ScenarioResult) -> bool:
@@ -209,6 +213,7 @@ def run_sweep(sweep: Sweep, options: SweepOptions, only: list[Cell] | None = Non
             cache_dir=options.cache_dir,
             use_cache=options.use_cache,
             stop=options.stop,
+            executor=options.executor,
         ),
         display,
     )
@@ -228,7 +233,8 @@ def run_sweep(sweep: Sweep, options: SweepOptions, only: list[Cell] | None = Non
 
     if display is not None:
         display.__enter__()
-    pool = ThreadPoolExecutor(max_workers=max(1, min(len(todo), options.cores)))
+    slots = runner.executor.slots(options.cores)
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(todo), slots)))
     futures = [pool.submit(one, *job) for job in todo]
     try:
         interrupted = wait_or_stop(futures, options.stop)

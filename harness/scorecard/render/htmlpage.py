@@ -23,6 +23,7 @@ from harness.scorecard.text import (
     format_score,
     format_seconds,
     plural,
+    rerun_note,
     unique_slugs,
 )
 
@@ -178,6 +179,9 @@ def _scenario(r: ScenarioResult, root: Path, slug: str) -> str:
     ]
     facts += [("run", r.run_dir)] if r.run_dir else []
     facts += [("baseline", r.baseline_dir)] if r.baseline_dir else []
+    facts += [("ran on node", r.ran_on)] if r.ran_on else []
+    note = rerun_note(r)
+    facts += [("run again", note)] if note is not None else []
     dl = "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in facts)
     parts = [
         f'<section class="scenario {r.status}" id="scenario-{slug}">',

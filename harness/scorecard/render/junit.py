@@ -32,6 +32,8 @@ def _testcase(parent: ET.Element, suite: str, r: ScenarioResult) -> None:
         values.append((c.name, raw_figure(c.figure)))
         values += [(f"{c.name}.{key}", raw_figure(v)) for key, v in c.figures.items()]
     values += [("score", repr(r.score)), ("resilience_score", format_score(100 * r.score))]
+    # A cluster's lost attempts (docs/cluster.md): counted, never the trainer's failure.
+    values += [("lost_attempts", str(len(r.lost_attempts)))] if r.lost_attempts else []
     _properties(case, values)
     if r.status == "error":
         error = ET.SubElement(

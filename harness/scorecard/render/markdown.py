@@ -17,6 +17,7 @@ from harness.scorecard.text import (
     format_score,
     format_seconds,
     plural,
+    rerun_note,
 )
 
 # "<=" in an expectation is text, but "<details" in a log line would open an element.
@@ -94,6 +95,12 @@ def _scenario_table(result: SuiteResult) -> list[str]:
     return lines
 
 
+def _reruns(result: SuiteResult) -> list[str]:
+    """The scenarios a cluster ran again after losing a node (docs/cluster.md)."""
+    notes = [(r.name, rerun_note(r)) for r in result.scenarios]
+    return [f"- {_code(name)}: {_cell(note)}" for name, note in notes if note is not None]
+
+
 def _check_table(r: ScenarioResult) -> list[str]:
     lines = ["| check | figure | expected | detail |", "|---|---:|---|---|"]
     for c in r.failed_checks:
@@ -149,6 +156,9 @@ def render_markdown(result: SuiteResult, journal_root: Path | None = None) -> st
     lines = _header(result)
     lines += ["", "### Fault classes", "", *_class_table(result)]
     lines += ["", "### Scenarios", "", *_scenario_table(result)]
+    reruns = _reruns(result)
+    if reruns:
+        lines += ["", "### Run again after a lost cluster node", "", *reruns]
     lines += ["", *coverage_markdown(result, journal_root)]
     for r in result.scenarios:
         if is_soak(r.metrics):

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from harness.running.results import ScenarioResult, SuiteResult
 from harness.scorecard.soak_figures import KIND_COLUMNS, is_soak, kind_rows, summary_rows
-from harness.scorecard.text import describe_check
+from harness.scorecard.text import describe_check, rerun_note
 from harness.tables import Cell, Column, print_table
 
 _STATUS = {"passed": "[green]PASS[/]", "failed": "[red]FAIL[/]", "error": "[magenta]ERROR[/]"}
@@ -38,6 +38,10 @@ def print_results(result: SuiteResult, console: Console) -> None:
     for r in result.scenarios:
         if is_soak(r.metrics):
             print_soak(r, console)
+    for r in result.scenarios:
+        note = rerun_note(r)
+        if note is not None:
+            console.print(f"[yellow]RERUN[/] [bold]{escape(r.name)}[/]: {escape(note)}")
     for r in result.scenarios:
         if r.status == "passed":
             continue
