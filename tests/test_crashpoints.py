@@ -160,12 +160,12 @@ def test_an_unknown_fail_on_verdict_is_refused(
 def test_the_reference_trainer_passes_the_crash_points(tmp_path: Path) -> None:
     """An even sample of its points (all of them take minutes: docs/crashpoints.md gives the
     full matrix), the first being a kill before the run dir exists."""
-    flags = ("--steps", "2", "--checkpoint-every", "1", "--max-points", "10")
+    flags = ("--steps", "2", "--checkpoint-every", "1", "--max-points", "6")
     code, doc = explore(tmp_path, *flags, command=[])
     assert code == 0, [p for p in doc["points"] if p["verdict"] != "PASS"]
     assert doc["deterministic"] is True
     assert doc["points_total"] > 20
-    assert doc["summary"]["PASS"] == len(doc["points"]) == 10
+    assert doc["summary"]["PASS"] == len(doc["points"]) == 6
     saves = {p["event"]["save_step"] for p in doc["points"]}
     assert saves == {None, 1, 2}  # the start-up, the full save and the delta save
     assert {p["mode"] for p in doc["points"]} == {"before", "torn"}

@@ -243,5 +243,7 @@ def test_dcp_never_loads_a_folder_without_its_metadata(tmp_path: Path) -> None:
 
     assert all(w.finished and w.same for w in seen.values())
     assert set(run.verdicts()) == {"PASS"}, run.output[-2000:]
-    assert {p["rank"] for p in run.doc["points"]} == {0, 1}
+    # Which rank's events the even sample meets depends on which rank makes the shared folder
+    # first (a race): every point is one rank's, and rank 0's are always among them.
+    assert 0 in {p["rank"] for p in run.doc["points"]} <= {0, 1}
     assert run.exit == 0

@@ -220,8 +220,22 @@ def test_without_the_forecaster_acting_the_spike_costs_loss(
     else:
         cfg = config(steps=60)
         cfg.stability.spikes.acting = ("robust_zscore", "early_max")
+        cfg.stability.spikes.robust.level_window = 0  # the z-score of step changes alone
     _, journal = run(tmp_path, cfg, LR_X70_AT_35)
     assert not claims(journal, "recovered")
     detected = {c["detector"] for c in claims(journal, "detected")}
     assert detected == ({"forecast"} if how == "forecast journals only" else set())
     assert final_loss(journal) > 1.02 * clean_60  # the spike's damage stays in the weights
+
+
+def test_the_level_check_sees_the_lasting_rise_the_step_changes_hide(tmp_path: Path) -> None:
+    """The same spike with the default detectors (the forecaster journals only): no step's
+    change scores, but the loss stays up, and the robust z-score's level check (its recent
+    median against the one before) claims it some steps later and recovery rolls back."""
+    _, journal = run(tmp_path, config(steps=60), LR_X70_AT_35)
+    level = [c for c in claims(journal, "detected") if c["details"].get("level_shift")]
+    assert level and all(c["detector"] == "robust_zscore" for c in level)
+    assert 36 < level[0].step <= 36 + 2 * 15
+    assert level[0]["details"]["level_recent"] > level[0]["details"]["level_before"]
+    (rollback, *_) = claims(journal, "recovered")
+    assert rollback.step == level[0].step and rollback["action"].startswith("rollback")

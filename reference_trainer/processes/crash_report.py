@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -143,7 +144,10 @@ class CrashReport:
             return
         faulthandler.disable()
         if self._was_on:
-            faulthandler.enable(all_threads=True)
+            try:
+                faulthandler.enable(all_threads=True)
+            except (OSError, ValueError):  # a stderr with no file behind it (captured):
+                faulthandler.enable(file=sys.__stderr__, all_threads=True)
         self._file.close()
         self._file = None
         if self.path.exists() and self.path.stat().st_size == 0:
