@@ -77,17 +77,29 @@ def add_commands(commands: Any) -> None:
         metavar="VERDICT[,...]",
         help="verdicts that make the exit code 1, any case (default: hard_fail,silent_divergence)",
     )
-    p.add_argument("--ranks", type=_positive(int), default=1, metavar="N")
-    p.add_argument("--grace", type=_positive(float), default=3.0, metavar="SECONDS")
-    p.add_argument("--resume-command", metavar="'CMD ... {run_dir} ...'")
-    p.add_argument("--timeout", type=_positive(float), default=600.0, metavar="SECONDS")
+    p.add_argument(
+        "--ranks", type=_positive(int), default=1, metavar="N",
+        help="ranks of the job (the command includes its torchrun); each in turn dies",
+    )  # fmt: skip
+    p.add_argument(
+        "--grace", type=_positive(float), default=3.0, metavar="SECONDS",
+        help="how long the other ranks go on after one dies (default: 3)",
+    )  # fmt: skip
+    p.add_argument(
+        "--resume-command", metavar="'CMD ... {run_dir} ...'",
+        help="how the job restarts (default: the train command again)",
+    )  # fmt: skip
+    p.add_argument(
+        "--timeout", type=_positive(float), default=600.0, metavar="SECONDS",
+        help="a run past this is killed; a resume past it is a HARD_FAIL (default: 600)",
+    )  # fmt: skip
     p.add_argument("--no-cache", action="store_true", help="run every point again")
     p.add_argument("--json", action="store_true", help="print crashpoints.json on stdout")
     ref = p.add_argument_group("the reference trainer (without '-- CMD')")
-    ref.add_argument("--preset", metavar="NAME")
-    ref.add_argument("--steps", type=_positive(int), metavar="N")
-    ref.add_argument("--checkpoint-every", type=_positive(int), metavar="N")
-    ref.add_argument("--seed", type=int, metavar="N")
+    ref.add_argument("--preset", metavar="NAME", help="tiny (default) or small")
+    ref.add_argument("--steps", type=_positive(int), metavar="N", help="default: 12")
+    ref.add_argument("--checkpoint-every", type=_positive(int), metavar="N", help="default: 4")
+    ref.add_argument("--seed", type=int, metavar="N", help="default: 0")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS ... {run_dir} ...")
     p.set_defaults(handler=_crashpoints)
 
