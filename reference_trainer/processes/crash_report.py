@@ -147,7 +147,8 @@ class CrashReport:
             try:
                 faulthandler.enable(all_threads=True)
             except (OSError, ValueError):  # a stderr with no file behind it (captured):
-                faulthandler.enable(file=sys.__stderr__, all_threads=True)
+                if sys.__stderr__ is not None:  # the process's own, then
+                    faulthandler.enable(file=sys.__stderr__, all_threads=True)
         self._file.close()
         self._file = None
         if self.path.exists() and self.path.stat().st_size == 0:
