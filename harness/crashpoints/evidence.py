@@ -7,6 +7,7 @@ what lies past the offset the file had before the resume is the resume's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -184,15 +185,58 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def newest_complete(contents: list[Unit], run_dir: Path, finished: set[Ident]) -> int | None:
+def saved_whole(run_dir: Path, ranks: int) -> dict[str, str]:
+    """Each file the crash run's agent saw saved whole (``file_saved``), relative to the run
+    dir: the SHA-256 of the bytes it saved there last."""
+    hashes: dict[str, str] = {}
+    root = run_dir.resolve()
+    for rank in range(ranks):
+        for r in journal_records(run_dir, rank):
+            where, sha = r.get("path"), r.get("sha256")
+            if r.get("kind") == "file_saved" and isinstance(where, str) and isinstance(sha, str):
+                try:
+                    hashes[str(Path(where).resolve().relative_to(root))] = sha
+                except ValueError:
+                    continue
+    return hashes
+
+
+#: Ops that put a file in place whole: what they move was written before (a temporary file
+#: renamed into place, as fsspec's transaction and every atomic save do).
+_INSTALLS = ("rename", "replace")
+
+
+def _whole(path: Path, f: SaveFile, saved: dict[str, str], rel: str) -> bool:
+    """On disk whole once its event finished: put there by a rename, or at the size the
+    fault-free run left, or holding the very bytes the crash run's agent saw saved there.
+    (Sizes alone are not enough: a checkpoint may hold its own path, as Lightning's does, and
+    its size then follows the run dir's name.)"""
+    if not path.is_file():
+        return False
+    if f.ident[1][0] in _INSTALLS or _size(path) == f.size:
+        return True
+    if rel not in saved:
+        return False
+    return hashlib.sha256(path.read_bytes()).hexdigest() == saved[rel]
+
+
+def newest_complete(
+    contents: list[Unit], run_dir: Path, finished: set[Ident], saved: dict[str, str] | None = None
+) -> int | None:
     """The newest save complete at the kill: each of its files put in place by an event the
     crash run got past (``finished``: each such event's `FileEvent.ident`, matched by op,
-    path and occurrence, not by number) and on disk at the size the fault-free run left
-    (sizes, not bytes: a save may hold a run id or a time). None when there is none."""
+    path and occurrence, not by number) and on disk: put there by a rename, or at the size
+    the fault-free run left (sizes, not bytes: a save may hold a run id or a time), or with
+    the bytes the crash run's agent saw saved there (``saved``: `saved_whole`). None when
+    there is none."""
+    hashes = saved or {}
     whole = [
         step
         for step, files in contents
         if files
-        and all(f.ident in finished and _size(run_dir / rel) == f.size for rel, f in files.items())
+        and all(
+            f.ident in finished and _whole(run_dir / rel, f, hashes, rel)
+            for rel, f in files.items()
+        )
     ]
     return max(whole, default=None)

@@ -28,6 +28,7 @@ from harness.crashpoints.evidence import (
     journal_sizes,
     newest_complete,
     save_contents,
+    saved_whole,
     trained,
 )
 from harness.crashpoints.job import Target, run_job
@@ -248,7 +249,8 @@ def run_point(
     )
     matched, finished = _met(target, point, base)
     record = killed_record(Path(log_path(str(base), point.rank)))
-    newest = newest_complete(clean.contents, run_dir, finished)
+    saved = saved_whole(run_dir, target.ranks)
+    newest = newest_complete(clean.contents, run_dir, finished, saved)
     sizes = journal_sizes(run_dir, target.ranks)
     resume = run_job(
         target, target.resume, run_dir, output=folder / "resume.log", halt=halt, zygote=zygote
