@@ -12,6 +12,7 @@ the tiny preset, one core (``make test`` gives the module one of its two workers
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,8 @@ def test_a_loop_saving_in_place_fails_hard_where_its_files_are_torn(
     out, code, doc = negative
     assert code == 1  # HARD_FAIL is in the default --fail-on
     assert doc["deterministic"] is True
+    # Its points ran forked from the warm interpreter, whose own fault-free run matched.
+    assert doc["notes"] == [] and (out / "fault-free-forked" / "done.json").is_file()
     assert sum(doc["summary"].values()) == len(doc["points"]) == doc["points_total"]
     whole = (out / "fault-free-1" / "run" / "ckpt.pt").stat().st_size
     # The second save's checkpoint torn: `latest` still names the first, whose bytes are gone.
@@ -109,12 +112,15 @@ def test_a_second_run_of_the_same_exploration_reuses_every_point(
 def test_only_reproduces_one_point_with_the_same_verdict(
     negative: tuple[Path, int, dict[str, Any]], tmp_path: Path
 ) -> None:
-    _, _, doc = negative
+    out, _, doc = negative
     (torn,) = points_at(doc, "ckpt.pt", "torn", 4)
+    for fault_free in out.glob("fault-free-*"):  # cached: only the point runs again, afresh
+        shutil.copytree(fault_free, tmp_path / fault_free.name)
     code, one = explore(tmp_path, "--only", str(torn["index"]))
     assert code == 1
     assert [(p["index"], p["verdict"]) for p in one["points"]] == [(torn["index"], "HARD_FAIL")]
     assert one["points_total"] == doc["points_total"]
+    assert not one["points"][0]["cached"]
 
 
 @pytest.mark.slow
@@ -173,6 +179,40 @@ def test_the_reference_trainer_passes_the_crash_points(tmp_path: Path) -> None:
         "n": 1,
         "op": "mkdir",
         "path": ".",
+        "occurrence": 1,
         "save_step": None,
         "tornable": False,
     }
+
+
+def test_a_point_is_met_by_its_event_not_by_its_number(tmp_path: Path) -> None:
+    """The first run writes one file more than the later ones, so every point's event comes
+    one number earlier in its run than in the fault-free run: the kill must still land on
+    it (its op, path and occurrence), as the files the crash left on disk show (the resume
+    does nothing here, so the run dir stays as the kill left it)."""
+    script = str(ROOT / "tests" / "trainers" / "shifting_events.py")
+    counter = str(tmp_path / "runs")
+    command = ["--", sys.executable, script, "--out", "{run_dir}", "--counter", counter]
+    resume = f"{sys.executable} -c pass {{run_dir}}"
+    explore(tmp_path / "cp", "--resume-command", resume, command=command)
+    doc = json.loads((tmp_path / "cp" / "crashpoints.json").read_text())
+    replaced = [p for p in doc["points"] if p["event"]["op"] == "replace" and p["mode"] == "before"]
+    assert [p["event"]["occurrence"] for p in replaced] == [1, 2]
+    for point in replaced:
+        k = point["event"]["occurrence"]
+        assert point["evidence"]["killed"] and point["evidence"]["event_matched"], point
+        run_dir = (
+            tmp_path
+            / "cp"
+            / "points"
+            / f"{point['index']:04d}-r0-before-{point['event']['n']}"
+            / "run"
+        )
+        assert (run_dir / "ckpt.tmp").read_text() == f"step {k}\n"  # written, not yet installed
+        assert not (run_dir / "scratch.txt").exists()  # a later run: one event fewer
+        if k == 1:
+            assert not (run_dir / "ckpt").exists()
+        else:
+            assert (run_dir / "ckpt").read_text() == f"step {k - 1}\n"
+    others = [p for p in doc["points"] if p["event"]["path"] != "scratch.txt"]
+    assert all(p["evidence"]["killed"] and p["evidence"]["event_matched"] for p in others)

@@ -7,7 +7,10 @@ what lies past the offset the file had before the resume is the resume's.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +67,8 @@ class Trained:
     #: (wall, step) of every step event, for naming saves.
     walls: list[tuple[float, int]] = field(default_factory=list)
     loads: list[dict[str, Any]] = field(default_factory=list)
+    #: (path, step) of every file or folder the agent saw saved whole (``file_saved``).
+    saved: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def last(self) -> int | None:
@@ -85,6 +90,8 @@ def trained(records: list[dict[str, Any]]) -> Trained:
         elif kind in LOAD_KINDS:
             keep = ("path", "step", "intact", "saved_step", "error")
             seen.loads.append({"kind": kind, **{k: r[k] for k in keep if k in r}})
+        elif kind == "file_saved" and isinstance(step, int) and isinstance(r.get("path"), str):
+            seen.saved.append((str(r["path"]), step))
     return seen
 
 
@@ -113,25 +120,62 @@ def save_files(events: list[FileEvent]) -> dict[str, FileEvent]:
     return last
 
 
+#: An event named alike in two runs (`FileEvent.ident`): (rank, key, occurrence).
+Ident = tuple[int, tuple[str, str, str | None], int]
+
+
 @dataclass(frozen=True, slots=True)
 class SaveFile:
     """A file of a save as the fault-free run left it, and the event that put it there."""
 
     size: int
-    rank: int
-    n: int
+    #: The event that put it there (`FileEvent.ident`).
+    ident: Ident
 
 
-def save_contents(events: list[FileEvent], run_dir: Path) -> dict[int, dict[str, SaveFile]]:
-    """Each save's files as the fault-free run left them: save step -> {path: file}. A
-    save whose files a later one replaced or removed keeps only the rest (none: it can
-    never be told complete)."""
-    contents: dict[int, dict[str, SaveFile]] = {}
+#: A checkpoint as a unit: its step and its files as the fault-free run left them.
+Unit = tuple[int, dict[str, SaveFile]]
+
+
+def _names_step(name: str, step: int) -> bool:
+    return step in [int(w) for w in re.findall(r"\d+", name)]
+
+
+def _unit_root(rel: str, step: int) -> str | None:
+    """The file or folder of ``rel`` (itself or the nearest folder above it) whose name
+    holds ``step`` (``epoch=0-step=2.ckpt``, ``checkpoint-2/``); None when none does."""
+    parts = rel.split("/")
+    for end in range(len(parts), 0, -1):
+        if _names_step(parts[end - 1], step):
+            return "/".join(parts[:end])
+    return None
+
+
+def save_contents(
+    events: list[FileEvent], run_dir: Path, saved: Sequence[tuple[str, int]] = ()
+) -> list[Unit]:
+    """The checkpoints of the fault-free run, each with its files as the run left them:
+    every save (all the files of the save after a step; a save whose files a later one
+    replaced or removed keeps only the rest, and with none left can never be told
+    complete), and every file or folder the agent saw saved whole at a step (``saved``:
+    (path relative to the run dir, step)) whose name, or its folder's, holds that step,
+    with every file of the run under it (Lightning's ``epoch=0-step=2.ckpt`` beside the
+    ``last.ckpt`` of the same save; a Hugging Face ``checkpoint-2/``; a DCP ``step-2/``)."""
+    on_disk: dict[str, tuple[int, SaveFile]] = {}
     for rel, e in save_files(events).items():
         path = run_dir / rel
         if path.is_file() and e.save_step is not None:
-            contents.setdefault(e.save_step, {})[rel] = SaveFile(path.stat().st_size, e.rank, e.n)
-    return contents
+            on_disk[rel] = (e.save_step, SaveFile(path.stat().st_size, e.ident))
+    by_save: dict[int, dict[str, SaveFile]] = {}
+    for rel, (step, f) in on_disk.items():
+        by_save.setdefault(step, {})[rel] = f
+    units: list[Unit] = sorted(by_save.items())
+    roots = {(root, step) for rel, step in saved if (root := _unit_root(rel, step)) is not None}
+    for root, step in sorted(roots):
+        files = {r: f for r, (_, f) in on_disk.items() if r == root or r.startswith(root + "/")}
+        if files:
+            units.append((step, files))
+    return units
 
 
 def _size(path: Path) -> int | None:
@@ -141,19 +185,57 @@ def _size(path: Path) -> int | None:
         return None
 
 
+def saved_whole(run_dir: Path, ranks: int) -> dict[str, str]:
+    """Each file the crash run's agent saw saved whole (``file_saved``), relative to the run
+    dir: the SHA-256 of the bytes it saved there last."""
+    hashes: dict[str, str] = {}
+    root = run_dir.resolve()
+    for rank in range(ranks):
+        for r in journal_records(run_dir, rank):
+            where, sha = r.get("path"), r.get("sha256")
+            if r.get("kind") == "file_saved" and isinstance(where, str) and isinstance(sha, str):
+                try:
+                    hashes[str(Path(where).resolve().relative_to(root))] = sha
+                except ValueError:
+                    continue
+    return hashes
+
+
+#: Ops that put a file in place whole: what they move was written before (a temporary file
+#: renamed into place, as fsspec's transaction and every atomic save do).
+_INSTALLS = ("rename", "replace")
+
+
+def _whole(path: Path, f: SaveFile, saved: dict[str, str], rel: str) -> bool:
+    """On disk whole once its event finished: put there by a rename, or at the size the
+    fault-free run left, or holding the very bytes the crash run's agent saw saved there.
+    (Sizes alone are not enough: a checkpoint may hold its own path, as Lightning's does, and
+    its size then follows the run dir's name.)"""
+    if not path.is_file():
+        return False
+    if f.ident[1][0] in _INSTALLS or _size(path) == f.size:
+        return True
+    if rel not in saved:
+        return False
+    return hashlib.sha256(path.read_bytes()).hexdigest() == saved[rel]
+
+
 def newest_complete(
-    contents: dict[int, dict[str, SaveFile]], run_dir: Path, happened: dict[int, int]
+    contents: list[Unit], run_dir: Path, finished: set[Ident], saved: dict[str, str] | None = None
 ) -> int | None:
     """The newest save complete at the kill: each of its files put in place by an event the
-    crash run got past (``happened``: rank -> the first event number it did not finish)
-    and on disk at the size the fault-free run left (sizes, not bytes: a save may hold a
-    run id or a time). None when there is none."""
+    crash run got past (``finished``: each such event's `FileEvent.ident`, matched by op,
+    path and occurrence, not by number) and on disk: put there by a rename, or at the size
+    the fault-free run left (sizes, not bytes: a save may hold a run id or a time), or with
+    the bytes the crash run's agent saw saved there (``saved``: `saved_whole`). None when
+    there is none."""
+    hashes = saved or {}
     whole = [
         step
-        for step, files in contents.items()
+        for step, files in contents
         if files
         and all(
-            f.n < happened.get(f.rank, 0) and _size(run_dir / rel) == f.size
+            f.ident in finished and _whole(run_dir / rel, f, hashes, rel)
             for rel, f in files.items()
         )
     ]

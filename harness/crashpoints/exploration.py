@@ -22,6 +22,8 @@ from harness.crashpoints.explore import (
 from harness.crashpoints.job import Target
 from harness.crashpoints.plan import Point, all_points, spread
 from harness.crashpoints.report import Matrix
+from harness.crashpoints.warm import warm_zygote
+from harness.crashpoints.zygote import Zygote
 
 
 @dataclass(slots=True)
@@ -100,7 +102,8 @@ def explore(options: Options) -> Matrix:
         )
     points = all_points(a.events, options.target.ranks)
     chosen = choose(points, options)
-    results = _run(options, a, chosen)
+    notes = _notes(a, b, deterministic)
+    results = _run(options, (a, b), chosen, notes)
     return Matrix(
         deterministic=deterministic,
         wall_seconds=time.monotonic() - started,
@@ -109,11 +112,18 @@ def explore(options: Options) -> Matrix:
         reproduce=options.reproduce,
         points_total=len(points),
         file_events={rank: len(es) for rank, es in a.events.items()},
-        notes=_notes(a, b, deterministic),
+        notes=notes,
     )
 
 
-def _run(options: Options, clean: FaultFree, chosen: list[Point]) -> list[PointResult]:
+def _run(
+    options: Options, fresh: tuple[FaultFree, FaultFree], chosen: list[Point], notes: list[str]
+) -> list[PointResult]:
+    clean = fresh[0]
+
+    def warm() -> Zygote | None:
+        return warm_zygote(options.target, fresh, options.out, notes, use_cache=options.use_cache)
+
     if not options.progress:
         return run_points(
             options.target,
@@ -122,6 +132,7 @@ def _run(options: Options, clean: FaultFree, chosen: list[Point]) -> list[PointR
             options.out,
             cores=options.cores,
             use_cache=options.use_cache,
+            warm=warm,
         )
     from harness.running.progress import SuiteProgress
 
@@ -145,4 +156,5 @@ def _run(options: Options, clean: FaultFree, chosen: list[Point]) -> list[PointR
             use_cache=options.use_cache,
             started=begin,
             finished=end,
+            warm=warm,
         )

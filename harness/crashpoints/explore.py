@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.crashpoints.evidence import (
-    SaveFile,
+    Ident,
     Trained,
+    Unit,
     journal_records,
     journal_sizes,
     newest_complete,
     save_contents,
+    saved_whole,
     trained,
 )
 from harness.crashpoints.job import Target, run_job
@@ -38,13 +40,14 @@ from harness.crashpoints.plan import (
     read_events,
 )
 from harness.crashpoints.verdict import Outcome, classify
+from harness.crashpoints.zygote import Zygote
 from harness.errors import TightropeError
-from harness.inside.crash_hook import log_path
+from harness.inside.crash_hook import log_path, point_spec
 from harness.running.baseline import code_version
 from harness.running.launch import log_tail
 
 #: Bumped when what a cached point holds changes meaning.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 class CrashPointsError(TightropeError):
@@ -59,7 +62,8 @@ class FaultFree:
     events: dict[int, list[FileEvent]]
     prints: list[dict[int, str]]
     last_step: int | None
-    contents: dict[int, dict[str, SaveFile]] = field(default_factory=dict)
+    #: Its checkpoints (`evidence.save_contents`).
+    contents: list[Unit] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -100,15 +104,25 @@ def _fresh(folder: Path) -> None:
     folder.mkdir(parents=True)
 
 
-def fault_free(target: Target, folder: Path, *, use_cache: bool = True) -> FaultFree:
-    """Run the job once with no fault, recording its file events (cached in ``folder``)."""
+def fault_free(
+    target: Target, folder: Path, *, use_cache: bool = True, zygote: Zygote | None = None
+) -> FaultFree:
+    """Run the job once with no fault, recording its file events (cached in ``folder``);
+    forked from ``zygote`` when given."""
     run_dir, base, done = folder / "run", folder / "events", folder / "done.json"
     key = _key(target, "fault-free")
     cached = use_cache and done.is_file() and json.loads(done.read_text()).get("key") == key
     seconds = 0.0
     if not cached:
         _fresh(folder)
-        end = run_job(target, target.train, run_dir, output=folder / "output.log", log_base=base)
+        end = run_job(
+            target,
+            target.train,
+            run_dir,
+            output=folder / "output.log",
+            log_base=base,
+            zygote=zygote,
+        )
         seconds = end.seconds
         if end.exit_code != 0:
             how = "ran past its deadline" if end.timed_out else f"exited with {end.exit_code}"
@@ -119,19 +133,32 @@ def fault_free(target: Target, folder: Path, *, use_cache: bool = True) -> Fault
     events: dict[int, list[FileEvent]] = {}
     prints: list[dict[int, str]] = []
     last: int | None = None
+    saved: list[tuple[str, int]] = []
     for rank in range(target.ranks):
         seen = trained(journal_records(run_dir, rank))
         logged = read_events(Path(log_path(str(base), rank)), rank)
         events[rank] = name_saves(logged, seen.walls)
         prints.append(seen.prints)
         last = seen.last if rank == 0 else last
+        for path, step in seen.saved:
+            rel = _relative(path, run_dir)
+            if rel is not None:
+                saved.append((rel, step))
     merged = sorted((e for es in events.values() for e in es), key=lambda e: e.wall)
-    result = FaultFree(run_dir, events, prints, last, save_contents(merged, run_dir), seconds)
+    contents = save_contents(merged, run_dir, saved)
+    result = FaultFree(run_dir, events, prints, last, contents, seconds)
     if not cached:
         done.write_text(json.dumps({"key": key, "seconds": seconds}))
     else:
         result.seconds = float(json.loads(done.read_text()).get("seconds", 0.0))
     return result
+
+
+def _relative(path: str, run_dir: Path) -> str | None:
+    try:
+        return str(Path(path).resolve().relative_to(run_dir.resolve()))
+    except ValueError:
+        return None
 
 
 def same_run(a: FaultFree, b: FaultFree) -> bool:
@@ -176,33 +203,58 @@ def _outcome(
     return crash0.last, resumed, first, matches, len(resume0.order), loads, final_step
 
 
+def _met(target: Target, point: Point, base: Path) -> tuple[bool, set[Ident]]:
+    """Whether the point's rank died at the point's event, and the events (named alike in
+    any run: `FileEvent.ident`) the crash run finished: on the point's rank those before the
+    kill (a torn event did not finish either), on the others all but the last logged (it
+    may have been under way)."""
+    finished: set[Ident] = set()
+    matched = False
+    for rank in range(target.ranks):
+        log = Path(log_path(str(base), rank))
+        logged = read_events(log, rank)
+        record = killed_record(log) if rank == point.rank else None
+        if record is not None:
+            dead = [e for e in logged if e.n == record.get("killed")]
+            matched = bool(dead) and dead[0].ident == point.event.ident
+            finished |= {e.ident for e in logged if e.n < int(record["killed"])}
+        else:
+            finished |= {e.ident for e in logged[:-1]}
+    return matched, finished
+
+
 def run_point(
     target: Target,
     clean: FaultFree,
     point: Point,
     folder: Path,
     halt: threading.Event | None = None,
+    zygote: Zygote | None = None,
 ) -> PointResult:
-    """Kill a fresh run at ``point``, resume it, judge it."""
+    """Kill a fresh run at ``point``, resume it, judge it (both runs forked from
+    ``zygote`` where it serves them)."""
     started = time.monotonic()
     run_dir, base = folder / "run", folder / "events"
     _fresh(folder)
-    at = (point.rank, point.event.n, point.mode)
+    at = (point.rank, point_spec(point.rank, point.mode, point.event.occurrence, point.event.key))
     crash = run_job(
-        target, target.train, run_dir, output=folder / "crash.log", log_base=base, at=at, halt=halt
+        target,
+        target.train,
+        run_dir,
+        output=folder / "crash.log",
+        log_base=base,
+        at=at,
+        halt=halt,
+        zygote=zygote,
     )
-    rank_log = Path(log_path(str(base), point.rank))
-    seen = read_events(rank_log)
-    matched = any(e.n == point.event.n and e.key == point.event.key for e in seen)
-    record = killed_record(rank_log)
-    happened = {point.rank: point.event.n}  # (a torn event did not finish either)
-    for rank in range(target.ranks):
-        if rank != point.rank:  # its last logged event may be under way: not counted
-            logged = read_events(Path(log_path(str(base), rank)), rank)
-            happened[rank] = max((e.n for e in logged), default=0)
-    newest = newest_complete(clean.contents, run_dir, happened)
+    matched, finished = _met(target, point, base)
+    record = killed_record(Path(log_path(str(base), point.rank)))
+    saved = saved_whole(run_dir, target.ranks)
+    newest = newest_complete(clean.contents, run_dir, finished, saved)
     sizes = journal_sizes(run_dir, target.ranks)
-    resume = run_job(target, target.resume, run_dir, output=folder / "resume.log", halt=halt)
+    resume = run_job(
+        target, target.resume, run_dir, output=folder / "resume.log", halt=halt, zygote=zygote
+    )
     after, resumed, first, matches, compared, loads, final = _outcome(
         clean, run_dir, sizes, target.ranks
     )
@@ -256,7 +308,8 @@ def _store(folder: Path, key: str, result: PointResult) -> None:
 def point_key(target: Target, clean: FaultFree, point: Point) -> str:
     """The cache key of one point: its commands, the code, the recorded events, the point."""
     plan = {r: [e.key for e in es] for r, es in clean.events.items()}
-    return _key(target, {"plan": plan, "point": [point.rank, point.mode, point.event.n]})
+    where = [point.rank, point.mode, point.event.n, point.event.occurrence]
+    return _key(target, {"plan": plan, "point": where})
 
 
 def run_points(
@@ -269,10 +322,21 @@ def run_points(
     use_cache: bool = True,
     started: Callable[[Point], Any] | None = None,
     finished: Callable[[PointResult, Any], None] | None = None,
+    warm: Callable[[], Zygote | None] | None = None,
 ) -> list[PointResult]:
-    """Every point of ``points`` (cached ones taken as they are), in parallel. Stopped
-    (Ctrl-C), the running points' jobs are killed and nothing of them is kept."""
+    """Every point of ``points`` (cached ones taken as they are), in parallel, forked from
+    the zygote ``warm`` gives (called once, at the first point not cached; closed at the
+    end). Stopped (Ctrl-C), the running points' jobs are killed and nothing of them is
+    kept."""
     halt = threading.Event()
+    zygotes: list[Zygote | None] = []
+    lock = threading.Lock()
+
+    def zygote() -> Zygote | None:  # started for the first point not cached
+        with lock:
+            if not zygotes:
+                zygotes.append(None if warm is None else warm())
+            return zygotes[0]
 
     def one(point: Point) -> PointResult | None:
         if halt.is_set():
@@ -282,7 +346,7 @@ def run_points(
         token = started(point) if started is not None else None
         result = _cached(folder, key, point) if use_cache else None
         if result is None:
-            result = run_point(target, clean, point, folder, halt)
+            result = run_point(target, clean, point, folder, halt, zygote())
             if halt.is_set():
                 return None
             _store(folder, key, result)
@@ -291,11 +355,16 @@ def run_points(
         return result
 
     workers = max(1, cores // max(1, target.ranks))
-    with ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(one, p) for p in points]
-        try:
-            done = [f.result() for f in futures]
-        except BaseException:
-            halt.set()
-            raise
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(one, p) for p in points]
+            try:
+                done = [f.result() for f in futures]
+            except BaseException:
+                halt.set()
+                raise
+    finally:
+        for z in zygotes:
+            if z is not None:
+                z.close()
     return [r for r in done if r is not None]

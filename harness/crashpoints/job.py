@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.crashpoints.zygote import Zygote, forkable
 from harness.inside.crash_hook import (
     ENV_AT,
     ENV_IGNORE,
@@ -30,7 +31,7 @@ from harness.inside.crash_hook import (
 from harness.inside.exec_env import BOOTSTRAP_DIR, ENV_FINGERPRINT
 from harness.run_layout import RunLayout
 from harness.running.exec import child_env
-from harness.running.launch import run_process
+from harness.running.launch import Launch, run_process
 
 PLACEHOLDER = "{run_dir}"
 
@@ -103,6 +104,17 @@ def _env(target: Target, run_dir: Path, log_base: Path | None, at: str | None) -
     return env
 
 
+def start_zygote(target: Target, log: Path, preload: tuple[str, ...] = ()) -> Zygote | None:
+    """A zygote for the job's runs (`harness.crashpoints.zygote`) that imports ``preload``
+    too, when its command is one Python process (one rank, ``python SCRIPT.py`` or
+    ``python -m MODULE``); else None."""
+    if target.ranks != 1 or not forkable(target.train, target.train[0]):
+        return None
+    agent = ("harness.inside.exec_runtime",) if target.attach else ()
+    env = _env(target, log.parent / "run", None, None)
+    return Zygote(target.train[0], env, log, (*agent, *preload))
+
+
 def died(log: Path) -> float | None:
     """When the point's rank killed itself, from its event log; None when it did not."""
     try:
@@ -126,13 +138,15 @@ def run_job(
     *,
     output: Path,
     log_base: Path | None = None,
-    at: tuple[int, int, str] | None = None,
+    at: tuple[int, str] | None = None,
     halt: threading.Event | None = None,
+    zygote: Zygote | None = None,
 ) -> JobEnd:
     """Run ``template`` once on ``run_dir``; ``log_base``: record file events there;
-    ``at`` = (rank, event number, mode): that rank dies there, the others ``grace`` later;
-    once ``halt`` is set (the exploration was stopped) the job is killed."""
-    spec = None if at is None else f"{at[0]}:{at[1]}:{at[2]}"
+    ``at`` = (rank, `crash_hook.point_spec`): that rank dies there, the others ``grace`` later;
+    once ``halt`` is set (the exploration was stopped) the job is killed; forked from
+    ``zygote`` where it serves the run."""
+    spec = None if at is None else at[1]
     env = _env(target, run_dir, log_base, spec)
     stop = threading.Event()
     watched = None if at is None or log_base is None else Path(log_path(str(log_base), at[0]))
@@ -151,13 +165,12 @@ def run_job(
         if time.monotonic() - seen[0] >= target.grace:
             stop.set()  # the rest of the job, as a cluster stops a job that lost a rank
 
-    launch = run_process(
-        target.argv(template, run_dir),
-        log=output,
-        deadline=time.monotonic() + target.timeout,
-        env=env,
-        on_poll=poll,
-        stop=stop,
-    )
+    argv = target.argv(template, run_dir)
+    deadline = time.monotonic() + target.timeout
+    launch: Launch | None = None
+    if zygote is not None and zygote.serves(argv, env):
+        launch = zygote.run(argv, log=output, deadline=deadline, env=env, on_poll=poll, stop=stop)
+    if launch is None:
+        launch = run_process(argv, log=output, deadline=deadline, env=env, on_poll=poll, stop=stop)
     killed = watched is not None and died(watched) is not None
     return JobEnd(launch.exit_code, launch.timed_out, launch.seconds, killed)

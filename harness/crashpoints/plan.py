@@ -12,11 +12,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.inside.crash_hook import event_key
+
 MODES = ("before", "torn")
-
-
-def _unpid(path: str) -> str:
-    return re.sub(r"(tmp)\d+", r"\1*", path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +31,20 @@ class FileEvent:
     save_step: int | None = None
     #: The rank that made it.
     rank: int = 0
+    #: Its rank's how-many-th event with its `key` (a point names its event so).
+    occurrence: int = 1
 
     @property
     def key(self) -> tuple[str, str, str | None]:
         """What two runs of a deterministic job agree on (a temporary file named after its
         process, ``tokenizer.tmp27184``, matches whatever the pid)."""
-        return (self.op, _unpid(self.path), None if self.to is None else _unpid(self.to))
+        return event_key(self.op, self.path, self.to)
+
+    @property
+    def ident(self) -> tuple[int, tuple[str, str, str | None], int]:
+        """(rank, key, occurrence): the same event in another run of the job, whatever the
+        events of other files around it."""
+        return (self.rank, self.key, self.occurrence)
 
     def describe(self) -> str:
         """``op path`` (``-> to`` for a rename)."""
@@ -49,6 +55,7 @@ class FileEvent:
         out: dict[str, Any] = {"n": self.n, "op": self.op, "path": self.path}
         if self.to is not None:
             out["to"] = self.to
+        out["occurrence"] = self.occurrence
         out["save_step"] = self.save_step
         out["tornable"] = self.tornable
         return out
@@ -64,6 +71,7 @@ class FileEvent:
             wall=0.0,
             to=data.get("to"),
             save_step=data.get("save_step"),
+            occurrence=int(data.get("occurrence", 1)),
         )
 
 
@@ -74,6 +82,7 @@ def read_events(log: Path, rank: int = 0) -> list[FileEvent]:
         text = log.read_text(errors="replace")
     except OSError:
         return events
+    counts: dict[tuple[str, str, str | None], int] = {}
     for line in text.splitlines():
         try:
             record = json.loads(line)
@@ -81,17 +90,17 @@ def read_events(log: Path, rank: int = 0) -> list[FileEvent]:
             continue
         if not isinstance(record, dict) or "n" not in record:
             continue
-        events.append(
-            FileEvent(
-                n=int(record["n"]),
-                op=str(record["op"]),
-                path=str(record["path"]),
-                tornable=bool(record["tornable"]),
-                wall=float(record["wall"]),
-                to=record.get("to"),
-                rank=rank,
-            )
+        event = FileEvent(
+            n=int(record["n"]),
+            op=str(record["op"]),
+            path=str(record["path"]),
+            tornable=bool(record["tornable"]),
+            wall=float(record["wall"]),
+            to=record.get("to"),
+            rank=rank,
         )
+        counts[event.key] = counts.get(event.key, 0) + 1
+        events.append(replace(event, occurrence=counts[event.key]))
     return events
 
 
@@ -109,6 +118,28 @@ def killed_record(log: Path) -> dict[str, Any] | None:
         if isinstance(record, dict) and "killed" in record:
             return record
     return None
+
+
+#: Packages never imported ahead of a run: tightrope's own, and the tests'.
+_NOT_PRELOADED = ("harness", "faults", "reference_trainer", "tests", "ckpt_chaos")
+
+
+def imported_modules(log: Path) -> tuple[str, ...]:
+    """The installed modules a recording run imported, in order (its log's last line),
+    less tightrope's own; empty when it did not end normally."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ()
+    for line in reversed(lines[-3:]):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("modules"), list):
+            names = [str(n) for n in record["modules"]]
+            return tuple(n for n in names if n.split(".")[0] not in _NOT_PRELOADED)
+    return ()
 
 
 def _numbers(event: FileEvent) -> list[int]:

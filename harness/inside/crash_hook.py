@@ -14,9 +14,11 @@ The bootstrap's ``sitecustomize`` (`harness.inside._bootstrap`) calls `arm_from_
 
 Each event is one JSON line in this process's log (``LOG.rank-R``, outside the run dir):
 its number, ``op``, path relative to the run dir, whether it can be torn, wall time. At the
-point named by `ENV_AT` (``RANK:N:MODE``), on that rank, the process kills itself with
-SIGKILL before the event happens (``before``) or, for a torn event, once the writer
-finished, after cutting the file to half its size (``torn``); the log's last line says so.
+point named by `ENV_AT` (``RANK:MODE:K:KEY``: the K-th event of that rank whose `event_key`
+is the JSON ``KEY``, so that events of other files, whose number varies from run to run, as
+two ranks racing to make a folder do, move nothing), the process kills itself with SIGKILL
+before the event happens (``before``) or, for a torn event, once the writer finished,
+after cutting the file to half its size (``torn``); the log's last line says so.
 
 Standard library only: it is imported before the program imports anything. Paths named in
 `ENV_IGNORE` (tightrope's own files: the journal, the lock, ...) are not counted. A forked
@@ -25,11 +27,13 @@ child (a data loader worker) counts nothing.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import importlib.util
 import io
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -65,7 +69,9 @@ class _State:
         self.ignore: tuple[str, ...] = ()
         self.fd: int | None = None
         self.n = 0
-        self.at: int | None = None
+        self.at: tuple[str, str, str | None] | None = None
+        self.occurrence = 0
+        self.seen: dict[tuple[str, str, str | None], int] = {}
         self.mode = "before"
         self.pid = -1
         self.lock = threading.Lock()
@@ -78,6 +84,21 @@ _state = _State()
 def log_path(base: str, rank: int) -> str:
     """The event log of ``rank`` beside ``base``."""
     return f"{base}.rank-{rank}"
+
+
+def event_key(op: str, path: str, to: str | None) -> tuple[str, str, str | None]:
+    """What names an event alike in two runs: its op and paths, a temporary file named
+    after its process (``tokenizer.tmp27184``) matching whatever the pid."""
+
+    def unpid(p: str) -> str:
+        return re.sub(r"(tmp)\d+", r"\1*", p)
+
+    return (op, unpid(path), None if to is None else unpid(to))
+
+
+def point_spec(rank: int, mode: str, occurrence: int, key: tuple[str, str, str | None]) -> str:
+    """The `ENV_AT` value of a point: ``rank`` dies at the ``occurrence``-th event ``key``."""
+    return f"{rank}:{mode}:{occurrence}:{json.dumps(list(key))}"
 
 
 def _relative(path: object) -> str | None:
@@ -109,15 +130,17 @@ def _event(op: str, rel: str, *, tornable: bool, to: str | None = None) -> bool:
     True when the caller must tear the file once written, then call `_tear`."""
     if os.getpid() != _state.pid:
         return False
+    key = event_key(op, rel, to)
     with _state.lock:
         _state.n += 1
         n = _state.n
+        count = _state.seen[key] = _state.seen.get(key, 0) + 1
         record: dict[str, Any] = {"n": n, "op": op, "path": rel, "tornable": tornable}
         if to is not None:
             record["to"] = to
         record["wall"] = time.time()
         _write(record)
-    if _state.at != n:
+    if _state.at != key or _state.occurrence != count:
         return False
     if _state.mode == "torn" and tornable:
         return True
@@ -308,9 +331,10 @@ def arm_from_env() -> None:
     _state.ignore = tuple(p for p in os.environ.get(ENV_IGNORE, "").split(os.pathsep) if p)
     at = os.environ.get(ENV_AT)
     if at:
-        who, n, mode = at.split(":")
+        who, mode, occurrence, key = at.split(":", 3)
         if int(who) == rank:
-            _state.at, _state.mode = int(n), mode
+            op, path, to = json.loads(key)
+            _state.at, _state.occurrence, _state.mode = (op, path, to), int(occurrence), mode
     _state.pid = os.getpid()
     _state.fd = os.open(log_path(base, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     wrapper = _wrap_open(builtins.open)
@@ -320,3 +344,18 @@ def arm_from_env() -> None:
     _patch_writers()
     sys.meta_path.insert(0, _AfterImport())
     sys.addaudithook(_audit)
+    if _state.at is None:
+        atexit.register(_log_modules)
+
+
+def _log_modules() -> None:
+    """A recording run's last line: the installed modules it imported, in order (what a
+    zygote may import once for the runs that follow: `harness.inside.zygote`)."""
+    if os.getpid() != _state.pid:
+        return
+    names = []
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None)
+        if isinstance(where, str) and f"-packages{os.sep}" in where:
+            names.append(name)
+    _write({"modules": names})

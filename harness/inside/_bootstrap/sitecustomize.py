@@ -72,13 +72,20 @@ def _crash_hook() -> None:
     arm_from_env()
 
 
-if os.environ.get("TIGHTROPE_RUN_DIR"):
-    if "torch" in sys.modules:
-        _attach()
-    else:
-        sys.meta_path.insert(0, _AfterTorch())
-if os.environ.get("TIGHTROPE_CRASH_LOG"):
-    # After the agent's finder: the hook's writers wrap the agent's, which still hash
-    # what was saved whole before a torn point cuts it.
-    _crash_hook()
+def arm() -> None:
+    """Attach the agent and arm the crash-point hook as the environment says; at start-up,
+    and in each child of ``tightrope crashpoints``' zygote (`harness.inside.zygote`),
+    which has imported torch already."""
+    if os.environ.get("TIGHTROPE_RUN_DIR"):
+        if "torch" in sys.modules:
+            _attach()
+        else:
+            sys.meta_path.insert(0, _AfterTorch())
+    if os.environ.get("TIGHTROPE_CRASH_LOG"):
+        # After the agent's finder: the hook's writers wrap the agent's, which still hash
+        # what was saved whole before a torn point cuts it.
+        _crash_hook()
+
+
+arm()
 _shadowed()

@@ -1,0 +1,186 @@
+"""A zygote for ``tightrope crashpoints``: one interpreter that has imported torch once and
+forks a fresh child for each run of a Python job, so a crash point's killed run and its
+resume do not each pay Python's start and torch's import (most of a small job's time).
+
+The driver (`harness.crashpoints.zygote`) starts it with the job's own interpreter and the
+job's environment less what differs from run to run, as
+``python -c "from harness.inside.zygote import serve; serve()"``; it imports torch (nothing
+of the program, nothing of tightrope's agent beyond its import), then reads requests, one
+JSON line each on stdin (``{"id", "argv", "env", "cwd", "log"}``), and answers on stdout
+``{"id", "pid"}`` once forked and ``{"id", "exit"}`` when the child ended (the exit status,
+or minus the signal that killed it, as ``subprocess`` says).
+
+The child becomes what ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would be: its own
+session, stdin from /dev/null, stdout and stderr appended to the log, the run's environment
+(``os.environ`` whole), its working folder, ``sys.argv`` and ``sys.path[0]``, the real
+``__main__`` module, numpy's global generator seeded afresh (a fresh interpreter seeds it from
+the OS), then the bootstrap's ``sitecustomize.arm()`` (the agent, the crash-point hook, as at
+a fresh start: torch is already imported, which the bootstrap handles) and the program. It
+ends as an interpreter does: atexit handlers, a traceback and exit 1 for an exception.
+
+Standard library only until the preload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import sys
+from typing import Any
+
+#: What the zygote imports before forking: torch, and ``torch._dynamo``, which torch imports
+#: at the first optimizer a program makes (as much again as torch itself); the driver adds
+#: the agent's own module (imported, not attached) and the installed modules the fault-free
+#: run imported (Lightning, transformers: never the program's own), and checks that a run
+#: forked from the zygote leaves what a fresh one leaves before it uses it for points.
+PRELOAD = ("torch", "torch._dynamo")
+
+
+def _exit_status(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _send(fd: int, record: dict[str, Any]) -> None:
+    data = (json.dumps(record) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def serve(path: list[str], preload: tuple[str, ...] = ()) -> None:
+    """Preload, then fork a child per request until stdin closes (then kill the rest);
+    ``path``: ``sys.path`` as the interpreter made it (before the driver's additions)."""
+    inp, out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    for name in (*PRELOAD, *preload):
+        if name not in sys.modules:
+            try:
+                __import__(name)
+            except Exception:  # the program imports it its own way, if at all
+                sys.modules.pop(name, None)
+    children: dict[int, object] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(inp, selectors.EVENT_READ)
+    buffer = b""
+    while True:
+        ready = selector.select(timeout=0.05)
+        _reap(children, out)
+        if not ready:
+            continue
+        chunk = os.read(inp, 65536)
+        if not chunk:
+            break
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            request = json.loads(line)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                selector.close()
+                os.close(inp)
+                os.close(out)
+                _child(request, path)  # never returns
+            children[pid] = request["id"]
+            _send(out, {"id": request["id"], "pid": pid})
+    for pid in children:  # the driver went away: nothing of ours outlives it
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _reap(children: dict[int, object], out: int) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        ident = children.pop(pid, None)
+        if ident is not None:
+            _send(out, {"id": ident, "exit": _exit_status(status)})
+
+
+def _child(request: dict[str, Any], path: list[str]) -> None:
+    """Become the program of ``request`` and end as its interpreter would."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if request.get("cwd"):
+        os.chdir(request["cwd"])
+    argv: list[str] = request["argv"][1:]
+    sys.path[:] = path
+    _reseed()
+    module = argv[1] if argv[0] == "-m" else None
+    script = None if module else argv[0]
+    sys.argv = ["-m", *argv[2:]] if module else list(argv)
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+    try:
+        _arm()
+        if module:
+            import runpy
+
+            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
+        else:
+            assert script is not None
+            _run_script(script)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # an interpreter prints the traceback and exits 1
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
+
+
+def _reseed() -> None:
+    numpy: Any = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _arm() -> None:
+    """What the bootstrap's ``sitecustomize`` does at a fresh start, under the run's env."""
+    site = sys.modules.get("sitecustomize")
+    arm = getattr(site, "arm", None)
+    if arm is not None:
+        arm()
+
+
+def _run_script(script: str) -> None:
+    import builtins
+    import io
+    from importlib.machinery import SourceFileLoader
+
+    main = sys.modules["__main__"]
+    main.__dict__.clear()
+    main.__dict__.update(
+        __name__="__main__",
+        __doc__=None,
+        __package__=None,
+        __spec__=None,
+        __file__=script,
+        __cached__=None,
+        __builtins__=builtins,
+        __loader__=SourceFileLoader("__main__", script),
+    )
+    with io.open_code(script) as f:
+        code = compile(f.read(), script, "exec")
+    exec(code, main.__dict__)
