@@ -72,6 +72,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("watchdog", _off("watchdog")),
     Entry("preemption", {"preemption": False}),
     Entry("crash_report", {"crash_report": False}),
+    Entry("oom_retry", _off("oom_retry")),  # acts in the passes (reference_trainer/passes.py)
     Entry("lr_floor", {"lr_floor": 0.0}),
     Entry("replica_check", _off("replica_check"), ReplicaCheck),
     Entry("stragglers", _off("stragglers"), StragglerWatch),
