@@ -52,6 +52,8 @@ OPT_IN = {
     "padding ignored by the loss (docs/data.md)",
     "quality_sampling": "the corpus's sampling weights follow a per-source quality score "
     "from per-source loss, within bounds (docs/data.md)",
+    "straggler_rebalance": "a flagged straggler gets a smaller share of each micro-step's "
+    "sequences, the other ranks the rest (the global batch kept) (docs/stability.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

@@ -54,32 +54,41 @@ def forward_backward(parts: BatchParts) -> Passes:
         fallback = OMIT if parts.probe is None else parts.probe.count(batch.numpy())
         tokens = int(batch.numel())
         batch = batch.to(parts.topo.device)
-        sample = HessianBatch.windows(batch, parts.topo.world_size)
-        local = _window_passes(parts, batch)
-        fields = {"local_loss": float(local), "pad_tokens": OMIT}
+        sample = HessianBatch.windows(
+            batch, parts.topo.world_size, tokens=parts.loader.tokens_per_step()
+        )
+        weight = parts.loader.loss_weight()
+        local = _window_passes(parts, batch, weight)
+        # (the rank's own mean loss; the agreement sums the weighted one)
+        fields = {"local_loss": float(local) / weight, "pad_tokens": OMIT}
     fields["fallback_tokens"] = fallback
     fields["batch_tokens"] = tokens if parts.probe is not None else OMIT
     claims = parts.micro_split.take_claims() if parts.micro_split is not None else []
     return Passes(local, fields, sample, claims)
 
 
-def _window_passes(parts: BatchParts, batch: torch.Tensor) -> torch.Tensor:
+def _window_passes(parts: BatchParts, batch: torch.Tensor, weight: float) -> torch.Tensor:
     """The passes over a (micro-steps, B, T + 1) batch, cut as this rank's micro-batch split
-    says; redone with smaller micro-batches after an out-of-memory error that came before
-    any of the step's communication (`reference_trainer.stability.oom_retry`)."""
+    says, the loss multiplied by ``weight`` (this rank's share of the global batch over an
+    even share); redone with smaller micro-batches after an out-of-memory error that came
+    before any of the step's communication (`reference_trainer.stability.oom_retry`)."""
     split = parts.micro_split
     while True:
         sent = [False]  # the last micro-batch's backward began: DDP's all-reduces are out
         try:
-            return _micro_batches(parts, split.split(batch) if split else batch, sent)
+            cut = split.split(batch) if split else batch
+            return _micro_batches(parts, cut, sent, weight)
         except OOM_ERRORS as exc:
             if split is None or sent[0] or not split.halve(exc, batch, parts.agent.step):
                 raise
             parts.optimizer.zero_grad(set_to_none=True)  # what the failed try accumulated
 
 
-def _micro_batches(parts: BatchParts, batch: torch.Tensor, sent: list[bool]) -> torch.Tensor:
-    """Forward and backward over each micro-batch of ``batch``; the mean loss over them."""
+def _micro_batches(
+    parts: BatchParts, batch: torch.Tensor, sent: list[bool], weight: float = 1.0
+) -> torch.Tensor:
+    """Forward and backward over each micro-batch of ``batch``; the mean loss over them
+    (times ``weight``)."""
     accum = batch.shape[0]
     ddp = isinstance(parts.wrapped, DDP)
     local = torch.zeros((), device=parts.topo.device)
@@ -94,6 +103,8 @@ def _micro_batches(parts: BatchParts, batch: torch.Tensor, sent: list[bool]) -> 
                 mechanism.on_micro_batch(micro, logits, y)
             del logits  # backward does not need them: free the (B, T, V) tensor now
             sent[0] = ddp and sync
+            if weight != 1.0:  # (an even share divides exactly as it always did)
+                loss = loss * weight
             parts.scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
         local += loss.detach() / accum
     return local

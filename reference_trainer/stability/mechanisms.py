@@ -98,5 +98,8 @@ class StabilityConfig:
                 self.spikes.acting = (*self.spikes.acting, "forecast")
         elif name == "quality_sampling":  # needs no detector: on under --fragile too
             self.quality_sampling.enabled = True
+        elif name == "straggler_rebalance":
+            if self.stragglers.enabled:
+                self.stragglers.rebalance = True
         else:
             raise KeyError(name)

@@ -76,6 +76,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("lr_floor", {"lr_floor": 0.0}),
     Entry("replica_check", _off("replica_check"), ReplicaCheck),
     Entry("stragglers", _off("stragglers"), StragglerWatch),
+    Entry("straggler_rebalance", opt_in=True),  # acts through StragglerWatch
     # Acts on the spike detectors' claims (switched on only with its detector on).
     Entry("forecast_acting", opt_in=True),
 )
