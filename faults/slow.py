@@ -4,9 +4,10 @@
 lasting ``factor - 1`` times that step's forward and backward passes (so the rank's
 compute takes ``factor`` times as long); the other ranks really wait for it in the next
 collective. ``duration`` steps, or for good with ``duration`` as long as the run.
-``slow_link``: ``latency_ms`` added before each of the rank's all-reduces during the
-step (`faults.collective.AllReduceTap`: the hand-made calls and DDP's buckets where its
-communication hook goes through ``torch.distributed.all_reduce``).
+``slow_link``: ``latency_ms`` added before each of the rank's collectives during the
+step (`faults.collective.CollectiveTap`: the calls made through ``torch.distributed``,
+all-reduce, broadcast, all-gather, reduce-scatter and barrier, and DDP's buckets where
+its communication hook goes through ``torch.distributed.all_reduce``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from faults.bias import Bias
-from faults.collective import AllReduceTap
+from faults.collective import CollectiveTap
 from faults.injector import Injection, Injector, StepContext
 from faults.spec import FaultClass, FaultSpec
 
@@ -54,14 +55,14 @@ class StragglerSpec(SlowFaultSpec):
 
 
 class SlowLinkSpec(SlowFaultSpec):
-    """The target ranks' all-reduces start ``latency_ms`` late."""
+    """The target ranks' collectives start ``latency_ms`` late."""
 
     kind: Literal["slow_link"] = "slow_link"
     description: ClassVar[str] = (
-        "Added latency before each of a rank's all-reduces, for `duration` steps."
+        "Added latency before each of a rank's collectives, for `duration` steps."
     )
     latency_ms: Annotated[float, Bias((5.0, 50.0, 500.0), upto=2000)] = Field(
-        default=50.0, gt=0, le=60_000, description="Milliseconds added before each all-reduce."
+        default=50.0, gt=0, le=60_000, description="Milliseconds added before each collective."
     )
 
 
@@ -95,11 +96,14 @@ class StragglerInjector(Injector[StragglerSpec]):
 
 
 class SlowLinkInjector(Injector[SlowLinkSpec]):
-    """Sleeps ``latency_ms`` before each all-reduce of the rank during the step."""
+    """Sleeps ``latency_ms`` before each collective of the rank during the step."""
 
     def __init__(self, spec: SlowLinkSpec) -> None:
         super().__init__(spec)
-        self.tap = AllReduceTap(lambda: time.sleep(self.spec.latency_ms / 1000.0))
+        self.tap = CollectiveTap(self._delay)
+
+    def _delay(self, collective: str) -> None:
+        time.sleep(self.spec.latency_ms / 1000.0)
 
     def before_forward(self, ctx: StepContext) -> list[Injection]:
         """Delay this rank's collectives for the step."""

@@ -22,6 +22,8 @@ TRAINER_MECHANISMS = {
     "preemption": "SIGTERM saves an emergency checkpoint before a clean exit",
     "crash_report": "a rank dead by an exception or a fatal signal is journaled with its cause "
     "and blamed; the restart names it",
+    "oom_retry": "a step that runs out of memory is redone with the micro-batch halved and "
+    "the accumulation doubled (the global batch kept)",
     "lr_floor": "the last 20% trains at a small learning rate (10% of the peak), not at zero",
     "layer_stats": "per-layer statistics, the layer swing detector, diagnosis of the problem layer",
     "underflow": "a layer that stopped updating is detected; fp16 raises the loss scale",
@@ -50,6 +52,8 @@ OPT_IN = {
     "padding ignored by the loss (docs/data.md)",
     "quality_sampling": "the corpus's sampling weights follow a per-source quality score "
     "from per-source loss, within bounds (docs/data.md)",
+    "straggler_rebalance": "a flagged straggler gets a smaller share of each micro-step's "
+    "sequences, the other ranks the rest (the global batch kept) (docs/stability.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

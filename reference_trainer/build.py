@@ -23,6 +23,7 @@ from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_stats import layer_name
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.mechanism import BuildContext
+from reference_trainer.stability.oom_retry import MicroBatchSplit
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.registry import build_mechanisms
 from reference_trainer.stages.dedup import DedupStage, DuplicateFilter
@@ -196,6 +197,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         loader=data.loader,
     )
     mechanisms = build_mechanisms(context)
+    retry = cfg.stability.oom_retry
     agent.model, agent.optimizer = model, optimizer
     agent.name_layers(layer_name)  # its own diagnosis's names: embedding, blocks.N, ln_f
     if wrapped is not model:
@@ -216,4 +218,5 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         agent=agent,
         max_lr=peak_lr(cfg, topo.world_size),
         probe=data.probe,
+        micro_split=MicroBatchSplit(retry, topo.rank) if retry.enabled else None,
     )

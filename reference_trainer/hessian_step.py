@@ -43,10 +43,13 @@ class HessianBatch:
     tokens: int
 
     @classmethod
-    def windows(cls, batch: torch.Tensor, world_size: int) -> HessianBatch:
-        """From a fixed-window batch of shape (micro-steps, B, T + 1), alike on every rank."""
+    def windows(
+        cls, batch: torch.Tensor, world_size: int, *, tokens: int | None = None
+    ) -> HessianBatch:
+        """From a fixed-window batch of shape (micro-steps, B, T + 1), alike on every rank
+        unless ``tokens`` gives the count over every rank (uneven shares)."""
         micro = [(batch[m, :, :-1], batch[m, :, 1:]) for m in range(batch.shape[0])]
-        return cls(micro, batch[:, :, 1:].numel() * world_size)
+        return cls(micro, batch[:, :, 1:].numel() * world_size if tokens is None else tokens)
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ from reference_trainer.processes.distributed import Topology
 from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.loss_scale import DynamicLossScaler
 from reference_trainer.stability.mechanism import Boundary, Mechanism, StepState
+from reference_trainer.stability.oom_retry import MicroBatchSplit
 from reference_trainer.stability.precision import Precision
 from reference_trainer.stability.recovery import Failure
 from reference_trainer.stability.registry import mechanism_states
@@ -88,6 +89,8 @@ class Trainer:
     embedder: SentenceEmbedder | None = None
     #: Counts the byte-fallback tokens of each batch (None: not counted).
     probe: FallbackProbe | None = None
+    #: This rank's micro-batch split, halved after an out-of-memory error (None: off).
+    micro_split: MicroBatchSplit | None = None
     #: Sophia's Hessian estimate every k steps (None: the optimizer takes none).
     hessian: HessianEstimator | None = field(init=False)
 
@@ -123,6 +126,7 @@ class Trainer:
         for mechanism in mechanisms:
             mechanism.begin_step(s)
         passes = forward_backward(self)
+        s.claims += passes.claims
         self.agent.after_backward()
         loss_scale = self.scaler.current()
         s.grad_norm = self._unscaled_norm()

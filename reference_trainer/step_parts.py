@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from reference_trainer.processes.distributed import Topology
     from reference_trainer.stability.loss_scale import DynamicLossScaler
     from reference_trainer.stability.mechanism import Mechanism
+    from reference_trainer.stability.oom_retry import MicroBatchSplit
     from reference_trainer.stability.precision import Precision
     from reference_trainer.stream.batching import PackedLoader
     from reference_trainer.stream.data import ShardedLoader
@@ -43,3 +44,5 @@ class BatchParts(StepParts, Protocol):
     probe: FallbackProbe | None
     #: The stability mechanisms on in this run, in the registry's order.
     mechanisms: list[Mechanism]
+    #: This rank's micro-batch split, halved after an out-of-memory error (None: off).
+    micro_split: MicroBatchSplit | None

@@ -88,9 +88,9 @@ def test_the_trainer_and_the_suite_accept_exactly_the_opt_ins() -> None:
 
 #: Opt-ins of the data path, not of stability: `TrainConfig.enable` switches them.
 DATA_OPT_IN = {"dynamic_batching"}
-#: Opt-ins that act on a detector's claims: under --fragile the detector is off, so
+#: Opt-ins that act on a detector's claims or flags: under --fragile the detector is off, so
 #: there is nothing to switch on.
-_NEED_A_DETECTOR = {"forecast_acting"}
+_NEED_A_DETECTOR = {"forecast_acting", "straggler_rebalance"}
 
 
 @pytest.mark.parametrize("name", sorted(set(OPT_IN) - DATA_OPT_IN))

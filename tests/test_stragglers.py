@@ -1,19 +1,24 @@
 """Straggler scores and the collective ledger's attribution, on figures and files made
 here: who is flagged, after how many steps, and who is named when a collective fails or
-hangs; the fail-slow and collective faults acting on ``torch.distributed.all_reduce``."""
+hangs; the fail-slow and collective faults acting on every ``torch.distributed`` collective
+a trainer calls, and on nothing while no fault is due."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
+import pickle
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from faults import parse_fault
-from faults.collective import CollectiveFailInjector, CollectiveHangInjector
+from faults import build_injector, parse_fault
+from faults.collective import COLLECTIVES, CollectiveFailInjector, CollectiveHangInjector
 from faults.errors import FaultSpecError
 from faults.injector import StepContext
 from faults.slow import SlowLinkInjector, StragglerInjector
@@ -195,6 +200,83 @@ def test_a_hang_blocks_the_call_alive_and_slow_link_delays_it(group: None) -> No
     wrapped = dist.all_reduce
     link.end_step(ctx())
     assert dist.all_reduce is not wrapped and not link.tap.armed  # the plain call is back
+
+
+def calls() -> dict[str, Callable[[], object]]:
+    """One call of each wrapped collective on a one-rank group."""
+    t = torch.ones(2)
+    return {
+        "all_reduce": lambda: dist.all_reduce(t),
+        "broadcast": lambda: dist.broadcast(t, 0),
+        "all_gather": lambda: dist.all_gather([torch.zeros(2)], t),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(2), t),
+        "all_gather_single": lambda: dist.all_gather_single(torch.zeros(2), t),
+        "reduce_scatter": lambda: dist.reduce_scatter(torch.zeros(2), [t]),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.zeros(2), t),
+        "reduce_scatter_single": lambda: dist.reduce_scatter_single(torch.zeros(2), t),
+        "barrier": lambda: dist.barrier(),
+    }
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # the deprecated tensor forms
+def test_every_collective_fails_hangs_and_is_delayed(group: None) -> None:
+    """Each collective a trainer calls meets each fault (the tap is not all_reduce's
+    alone), and once the step ends every function is the very one it was before."""
+    assert set(calls()) == set(COLLECTIVES)
+    before = {name: getattr(dist, name) for name in COLLECTIVES}
+    for name, call in calls().items():
+        fail = CollectiveFailInjector(parse_fault({"kind": "collective_fail", "at_step": 3}))
+        fail.before_forward(ctx())
+        with pytest.raises(RuntimeError, match=rf"{name} failed on rank 0 \(injected at step 3"):
+            call()
+        call()  # once
+        fail.end_step(ctx())
+        hang = CollectiveHangInjector(
+            parse_fault({"kind": "collective_hang", "at_step": 3, "resume_after": 0.05})
+        )
+        link = SlowLinkInjector(parse_fault({"kind": "slow_link", "at_step": 3, "latency_ms": 50}))
+        hang.before_forward(ctx())
+        link.before_forward(ctx())
+        started = time.perf_counter()
+        call()  # blocked 0.05 s, then delayed 0.05 s
+        assert time.perf_counter() - started >= 0.1, name
+        assert hang.tap.seen == [name] and link.tap.seen == [name]
+        hang.end_step(ctx())  # removed out of order: the inner wrapper stays, inert
+        link.end_step(ctx())
+        assert getattr(dist, name) is not before[name]
+        started = time.perf_counter()
+        call()
+        assert time.perf_counter() - started < 0.05 and link.tap.seen == [name]
+        for each, function in before.items():  # the inert wrappers out, for the next call
+            setattr(dist, each, function)
+
+
+def test_a_fault_not_due_on_this_rank_wraps_nothing(group: None) -> None:
+    before = {name: getattr(dist, name) for name in COLLECTIVES}
+    for kind in ("slow_link", "collective_fail", "collective_hang"):
+        injector = build_injector(parse_fault({"kind": kind, "at_step": 3, "ranks": [1]}))
+        assert injector.before_forward(StepContext(step=3, rank=0, world_size=2)) == []
+        assert {name: getattr(dist, name) for name in COLLECTIVES} == before
+        injector.end_step(StepContext(step=3, rank=0, world_size=2))
+        assert {name: getattr(dist, name) for name in COLLECTIVES} == before
+
+
+def test_a_wrapped_collective_copies_and_pickles_as_the_plain_one(group: None) -> None:
+    """A trainer's object holding a collective (a partial) pickles while a fault is armed,
+    and what it loads is torch's own function, with no fault in it."""
+    plain = dist.broadcast
+    link = SlowLinkInjector(parse_fault({"kind": "slow_link", "at_step": 3, "latency_ms": 1}))
+    link.before_forward(ctx())
+    try:
+        held = functools.partial(dist.broadcast, src=0)
+        assert held.func is not plain
+        loaded = pickle.loads(pickle.dumps(held))
+        assert loaded.func is plain and copy.deepcopy(held).func is plain
+        loaded(torch.ones(2))
+        assert link.tap.seen == []  # the loaded copy went around the tap
+    finally:
+        link.end_step(ctx())
+    assert dist.broadcast is plain
 
 
 def test_a_straggler_spins_factor_minus_one_times_its_passes() -> None:

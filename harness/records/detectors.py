@@ -35,8 +35,9 @@ CLAIMED: MappingProxyType[str, str] = MappingProxyType(
         "preemption": "the process received SIGTERM",
         "rank_crash": "a rank died by an exception (its type and message) or a fatal signal "
         "(SIGSEGV, SIGABRT: faulthandler's report); the rank is blamed",
-        "out_of_memory": "a rank died by a failed allocation (torch.OutOfMemoryError, "
-        "MemoryError); the rank is blamed",
+        "out_of_memory": "a rank met a failed allocation (torch.OutOfMemoryError, "
+        "MemoryError): its step redone with smaller micro-batches, or the rank died; the rank "
+        "is blamed",
         "wedged_rank": "a rank past the hang timeout was alive and busy (running, burning CPU: "
         "not stopped, not waiting), as when a thread holds the GIL; the rank is blamed",
         "dedup": "the dedup stage dropped exact duplicate documents",

@@ -17,6 +17,7 @@ from reference_trainer.stability.layer_stats import LayerStatsConfig
 from reference_trainer.stability.layer_watch import StallConfig
 from reference_trainer.stability.loss_scale import LossScaleConfig
 from reference_trainer.stability.loss_spikes import RobustZScoreConfig, SpikeConfig
+from reference_trainer.stability.oom_retry import OomRetryConfig
 from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
 from reference_trainer.stability.quality_weights import QualitySamplingConfig
 from reference_trainer.stability.recovery import RecoveryConfig
@@ -81,6 +82,9 @@ class StabilityConfig:
     """Ranks compare a fingerprint of their parameters; a mismatch restores a checkpoint."""
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     """Per-rank straggler scores from compute times; a slow rank is journaled and named."""
+    oom_retry: OomRetryConfig = field(default_factory=OomRetryConfig)
+    """A step that runs out of memory is redone with the micro-batch halved and the
+    accumulation doubled (the global batch kept), journaled."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -94,5 +98,8 @@ class StabilityConfig:
                 self.spikes.acting = (*self.spikes.acting, "forecast")
         elif name == "quality_sampling":  # needs no detector: on under --fragile too
             self.quality_sampling.enabled = True
+        elif name == "straggler_rebalance":
+            if self.stragglers.enabled:
+                self.stragglers.rebalance = True
         else:
             raise KeyError(name)

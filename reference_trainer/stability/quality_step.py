@@ -40,6 +40,8 @@ class QualitySampling(Mechanism):
         """Add the micro-batch's per-token losses to their sources' sums."""
         if micro == 0:
             sources = self.loader.last_sources
+            if sources is not None:  # cut as the batch was (smaller micro-batches after an OOM)
+                sources = sources.reshape(-1, logits.shape[0], sources.shape[-1])
             self.sources = sources.to(logits.device) if sources is not None else None
         if self.sources is not None:
             self.sampler.observe(logits, targets, self.sources[micro, :, 1:])

@@ -72,9 +72,11 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("watchdog", _off("watchdog")),
     Entry("preemption", {"preemption": False}),
     Entry("crash_report", {"crash_report": False}),
+    Entry("oom_retry", _off("oom_retry")),  # acts in the passes (reference_trainer/passes.py)
     Entry("lr_floor", {"lr_floor": 0.0}),
     Entry("replica_check", _off("replica_check"), ReplicaCheck),
     Entry("stragglers", _off("stragglers"), StragglerWatch),
+    Entry("straggler_rebalance", opt_in=True),  # acts through StragglerWatch
     # Acts on the spike detectors' claims (switched on only with its detector on).
     Entry("forecast_acting", opt_in=True),
 )

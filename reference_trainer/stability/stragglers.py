@@ -43,6 +43,10 @@ class StragglerConfig:
     after_save: int = 3
     """Steps after a checkpoint save that are not scored: rank 0 persists it in a
     background thread that competes with its compute (0: score every step)."""
+    rebalance: bool = False
+    """Give a flagged rank a smaller share of each micro-step's sequences, the others the
+    rest (the global batch kept), until its score recovers
+    (`reference_trainer.stability.straggler_shares`; ``--enable straggler_rebalance``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 1:
@@ -101,6 +105,10 @@ class StragglerScores:
         self._below = [0] * self.world_size
         self._flagged = [False] * self.world_size
         self.scores = [1.0] * self.world_size
+
+    def flagged(self) -> set[int]:
+        """The ranks flagged and not recovered since."""
+        return {rank for rank, flagged in enumerate(self._flagged) if flagged}
 
     def observe(self, step: int, times: Sequence[float]) -> list[Flag]:
         """Take each rank's compute time (seconds) of ``step``; the ranks flagged now."""

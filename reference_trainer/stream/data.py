@@ -367,13 +367,29 @@ class ShardedLoader:
         self.world_size = world_size
         #: Each token's source id in the last `next_step` (a tagging stream only).
         self.last_sources: torch.Tensor | None = None
+        #: Sequences per micro-step of each rank, when not ``batch_size`` each (a straggler
+        #: rebalanced: `reference_trainer.stability.straggler_shares`); they sum to
+        #: ``batch_size * world_size``.
+        self.shares: list[int] | None = None
+
+    def share(self) -> int:
+        """This rank's sequences per micro-step."""
+        return self.batch_size if self.shares is None else self.shares[self.rank]
+
+    def loss_weight(self) -> float:
+        """What this rank's mean loss is multiplied by so that the mean over ranks (DDP's
+        average of gradients) is the mean over the global batch: its share over an even
+        one."""
+        return self.share() / self.batch_size
 
     def next_step(self) -> torch.Tensor:
-        """This rank's windows for one step: int64 (grad_accum, batch_size, window)."""
+        """This rank's windows for one step: int64 (grad_accum, share, window)."""
         per_rank = self.batch_size * self.grad_accum
         windows = self.stream.take(per_rank * self.world_size)
-        mine = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
-        shape = (self.grad_accum, self.batch_size, self.stream.window)
+        shares = self.shares or [self.batch_size] * self.world_size
+        start = sum(shares[: self.rank]) * self.grad_accum
+        mine = slice(start, start + shares[self.rank] * self.grad_accum)
+        shape = (self.grad_accum, shares[self.rank], self.stream.window)
         if self.stream.last_sources:
             tags = self.stream.last_sources[mine]
             self.last_sources = torch.tensor(tags, dtype=torch.int64).view(shape)
