@@ -50,6 +50,8 @@ OPT_IN = {
     "padding ignored by the loss (docs/data.md)",
     "quality_sampling": "the corpus's sampling weights follow a per-source quality score "
     "from per-source loss, within bounds (docs/data.md)",
+    "rl_lr": "a bandit chooses the multiplier of the learning-rate schedule from the run's loss "
+    "trend, gradient noise and instability, capped (docs/stability.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

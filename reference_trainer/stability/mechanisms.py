@@ -21,6 +21,7 @@ from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
 from reference_trainer.stability.quality_weights import QualitySamplingConfig
 from reference_trainer.stability.recovery import RecoveryConfig
 from reference_trainer.stability.replicas import ReplicaCheckConfig
+from reference_trainer.stability.rl_lr import RlLrConfig
 from reference_trainer.stability.stragglers import StragglerConfig
 from reference_trainer.stability.surgery import SurgeryConfig
 from reference_trainer.stages.dedup import DedupConfig
@@ -81,6 +82,9 @@ class StabilityConfig:
     """Ranks compare a fingerprint of their parameters; a mismatch restores a checkpoint."""
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     """Per-rank straggler scores from compute times; a slow rank is journaled and named."""
+    rl_lr: RlLrConfig = field(default_factory=RlLrConfig)
+    """Opt-in: a bandit chooses the multiplier of the learning-rate schedule from the run's
+    own signals (loss trend, gradient noise, instability)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -94,5 +98,7 @@ class StabilityConfig:
                 self.spikes.acting = (*self.spikes.acting, "forecast")
         elif name == "quality_sampling":  # needs no detector: on under --fragile too
             self.quality_sampling.enabled = True
+        elif name == "rl_lr":  # reads the step's own figures: on under --fragile too
+            self.rl_lr.enabled = True
         else:
             raise KeyError(name)
