@@ -76,7 +76,7 @@ def test_a_clean_run_never_looks_unstable_to_it(tmp_path: Path) -> None:
     assert not any(d["state"]["unstable"] or d["details"]["unstable_steps"] for d in made)
 
 
-def test_with_one_multiplier_it_changes_nothing_but_would_the_lr(
+def test_allowed_only_the_multiplier_1_it_trains_as_the_fixed_schedule(
     tmp_path: Path, fixed: Journal
 ) -> None:
     """The controller's whole effect is its multiplier: allowed only 1.0, the run is the
