@@ -54,6 +54,8 @@ OPT_IN = {
     "from per-source loss, within bounds (docs/data.md)",
     "straggler_rebalance": "a flagged straggler gets a smaller share of each micro-step's "
     "sequences, the other ranks the rest (the global batch kept) (docs/stability.md)",
+    "rl_lr": "a bandit chooses the multiplier of the learning-rate schedule from the run's loss "
+    "trend, gradient noise and instability, capped (docs/stability.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

@@ -190,6 +190,7 @@ def build(cfg: TrainConfig, run_dir: Path, topo: Topology, agent: Agent) -> Trai
         global_batch=cfg.global_batch(topo.world_size),
         optimizer=cfg.optim.name,
         source_weights=cfg.data.source_weights,
+        seed=cfg.seed,
         model=model,
         topo=topo,
         scaler=scaler,

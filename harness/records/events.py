@@ -38,6 +38,7 @@ __all__ = [
     "FileLoaded",
     "FileSaved",
     "LayerStatsObserved",
+    "LrDecided",
     "MetricsFailed",
     "MicroscopeFailed",
     "RankBlamed",
@@ -123,6 +124,29 @@ class Diagnosed(Reported):
         "reached every layer alike)."
     )
     rule: str = optional("Which rule of the diagnosis named them.")
+    details: dict[str, Any] = free_form()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LrDecided(Reported):
+    """The learning-rate controller (reference trainer, opt-in `rl_lr`) chose the multiplier
+    of the schedule for the next steps, from the state the run is in and the reward the
+    multiplier in force earned (docs/stability.md)."""
+
+    kind: ClassVar[str] = "lr_decided"
+    multiplier: float = required("The multiplier chosen.")
+    applied: float = required(
+        "The multiplier at its first step after the cap (the learning rate never exceeds "
+        "`max_lr_ratio` of the schedule's peak)."
+    )
+    from_step: int = required("The first step it applies to.")
+    state: dict[str, Any] = required(
+        "The state it was chosen in: `trend` (falling, flat, rising), `noisy`, `unstable`."
+    )
+    reward: float = required(
+        "The reward the previous multiplier earned: progress less the instability penalty "
+        "(a rollback: minus the whole penalty)."
+    )
     details: dict[str, Any] = free_form()
 
 
@@ -259,6 +283,7 @@ Claim = (
     | RankLost
     | RankBlamed
     | Diagnosed
+    | LrDecided
 )
 
 #: Every event kind, in the order the schema and docs/journal.md list them.
@@ -272,6 +297,7 @@ ALL: tuple[type[Reported], ...] = (
     Diagnosed,
     LayerStatsObserved,
     DataWeightsObserved,
+    LrDecided,
     CheckpointSaved,
     CheckpointLoaded,
     CheckpointRejected,

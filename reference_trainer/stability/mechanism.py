@@ -58,6 +58,8 @@ class BuildContext:
     global_batch: int
     optimizer: str
     source_weights: dict[str, float]
+    #: The run's seed.
+    seed: int
     model: GPT
     topo: Topology
     scaler: DynamicLossScaler

@@ -22,6 +22,7 @@ from reference_trainer.stability.precision_switch import PrecisionSwitchConfig
 from reference_trainer.stability.quality_weights import QualitySamplingConfig
 from reference_trainer.stability.recovery import RecoveryConfig
 from reference_trainer.stability.replicas import ReplicaCheckConfig
+from reference_trainer.stability.rl_lr import RlLrConfig
 from reference_trainer.stability.stragglers import StragglerConfig
 from reference_trainer.stability.surgery import SurgeryConfig
 from reference_trainer.stages.dedup import DedupConfig
@@ -85,6 +86,9 @@ class StabilityConfig:
     oom_retry: OomRetryConfig = field(default_factory=OomRetryConfig)
     """A step that runs out of memory is redone with the micro-batch halved and the
     accumulation doubled (the global batch kept), journaled."""
+    rl_lr: RlLrConfig = field(default_factory=RlLrConfig)
+    """Opt-in: a bandit chooses the multiplier of the learning-rate schedule from the run's
+    own signals (loss trend, gradient noise, instability)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_floor < 1:
@@ -101,5 +105,7 @@ class StabilityConfig:
         elif name == "straggler_rebalance":
             if self.stragglers.enabled:
                 self.stragglers.rebalance = True
+        elif name == "rl_lr":  # reads the step's own figures: on under --fragile too
+            self.rl_lr.enabled = True
         else:
             raise KeyError(name)

@@ -26,6 +26,7 @@ from reference_trainer.stability.nonfinite_guard import NonfiniteGuard
 from reference_trainer.stability.precision_switch_step import PrecisionSwitching
 from reference_trainer.stability.quality_step import QualitySampling
 from reference_trainer.stability.replica_step import ReplicaCheck
+from reference_trainer.stability.rl_lr_step import RlLr
 from reference_trainer.stability.straggler_step import StragglerWatch
 
 
@@ -77,6 +78,8 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("replica_check", _off("replica_check"), ReplicaCheck),
     Entry("stragglers", _off("stragglers"), StragglerWatch),
     Entry("straggler_rebalance", opt_in=True),  # acts through StragglerWatch
+    # Last: it reads the step's skip and the other mechanisms' claims.
+    Entry("rl_lr", hooks=RlLr, opt_in=True),
     # Acts on the spike detectors' claims (switched on only with its detector on).
     Entry("forecast_acting", opt_in=True),
 )
