@@ -50,6 +50,10 @@ OPT_IN = {
     "padding ignored by the loss (docs/data.md)",
     "quality_sampling": "the corpus's sampling weights follow a per-source quality score "
     "from per-source loss, within bounds (docs/data.md)",
+    "hard_sample_weighting": "each sample's loss weighted by its loss against the run's recent "
+    "loss, within bounds, mean weight 1 (docs/stability.md)",
+    "adaptive_batch": "micro-batch size and accumulation chosen from memory headroom and "
+    "measured step time, the global batch kept (docs/stability.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

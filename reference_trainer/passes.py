@@ -60,7 +60,7 @@ def forward_backward(parts: BatchParts) -> Passes:
 def _window_passes(parts: BatchParts, batch: torch.Tensor) -> torch.Tensor:
     """Forward and backward over each micro-batch of a (micro-steps, B, T + 1) batch; the
     mean loss over them."""
-    accum = parts.cfg.grad_accum
+    accum = batch.shape[0]  # the loader's split (adaptive_batch may choose it)
     local = torch.zeros((), device=parts.topo.device)
     for micro in range(accum):
         x, y = batch[micro, :, :-1], batch[micro, :, 1:]
@@ -69,9 +69,11 @@ def _window_passes(parts: BatchParts, batch: torch.Tensor) -> torch.Tensor:
             with parts.precision.autocast():
                 logits = parts.wrapped(x)
                 loss = next_token_loss(logits, y)
+            trained = loss
             for mechanism in parts.mechanisms:
                 mechanism.on_micro_batch(micro, logits, y)
+                trained = mechanism.weigh_loss(micro, logits, y, trained)
             del logits  # backward does not need them: free the (B, T, V) tensor now
-            parts.scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
+            parts.scaler.scale_loss(trained / accum).backward()  # type: ignore[no-untyped-call]
         local += loss.detach() / accum
     return local
