@@ -52,6 +52,14 @@ def test_the_baseline_only_decides_which_samples_are_outliers() -> None:
     assert sample_weights(losses, 8.0, cut)[1] == 0  # 9 < 1.5 x 8: none
 
 
+def test_with_most_samples_outliers_the_mean_weight_stays_one_and_the_bounds_stretch() -> None:
+    cut = HardSampleConfig(enabled=True, outlier_factor=1.2, max_factor=2.0)
+    weights, outliers = sample_weights([9.0, 9.0, 9.0, 4.0], 4.0, cut)
+    assert outliers == 3
+    assert math.isclose(sum(weights) / len(weights), 1.0)
+    assert weights[3] > 2.0 and weights[0] < weights[3]  # 0.5 x 3 + 2 < 4: stretched
+
+
 @pytest.mark.parametrize(
     ("losses", "baseline"),
     [([1.0, 2.0], None), ([1.0, math.nan], 1.5), ([1.0, math.inf], 1.5), ([3.0], 1.0)],
