@@ -56,6 +56,10 @@ OPT_IN = {
     "sequences, the other ranks the rest (the global batch kept) (docs/stability.md)",
     "rl_lr": "a bandit chooses the multiplier of the learning-rate schedule from the run's loss "
     "trend, gradient noise and instability, capped (docs/stability.md)",
+    "hard_sample_weighting": "each sample's loss weighted by its loss against the run's recent "
+    "loss, within bounds, mean weight 1 (docs/stability.md)",
+    "adaptive_batch": "micro-batch size and accumulation chosen from memory headroom and "
+    "measured step time, the global batch kept (docs/stability.md)",
 }
 
 #: Every name a suite's ``trainer.disable`` may hold.

@@ -87,6 +87,16 @@ class TrainConfig:
                 "dynamic_batching and quality_sampling cannot be enabled together (quality "
                 "sampling needs the fixed-window stream's per-token sources)"
             )
+        if self.data.batching.enabled and self.stability.hard_samples.enabled:
+            raise ConfigError(
+                "dynamic_batching and hard_sample_weighting cannot be enabled together (hard-"
+                "sample weighting weighs the fixed-window stream's samples)"
+            )
+        if self.data.batching.enabled and self.stability.adaptive_batch.enabled:
+            raise ConfigError(
+                "dynamic_batching and adaptive_batch cannot be enabled together (dynamic "
+                "batching sets its own micro-batches under a token budget)"
+            )
 
     def model_config(self) -> GPTConfig:
         """The model's shape with the optimizer-dependent defaults settled (a stable token

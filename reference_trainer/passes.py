@@ -89,7 +89,7 @@ def _micro_batches(
 ) -> torch.Tensor:
     """Forward and backward over each micro-batch of ``batch``; the mean loss over them
     (times ``weight``)."""
-    accum = batch.shape[0]
+    accum = batch.shape[0]  # the loader's split (adaptive_batch may choose it)
     ddp = isinstance(parts.wrapped, DDP)
     local = torch.zeros((), device=parts.topo.device)
     for micro in range(accum):
@@ -99,12 +99,15 @@ def _micro_batches(
             with parts.precision.autocast():
                 logits = parts.wrapped(x)
                 loss = next_token_loss(logits, y)
+            trained = loss
             for mechanism in parts.mechanisms:
                 mechanism.on_micro_batch(micro, logits, y)
+                trained = mechanism.weigh_loss(micro, logits, y, trained)
             del logits  # backward does not need them: free the (B, T, V) tensor now
             sent[0] = ddp and sync
             if weight != 1.0:  # (an even share divides exactly as it always did)
                 loss = loss * weight
-            parts.scaler.scale_loss(loss / accum).backward()  # type: ignore[no-untyped-call]
+                trained = trained * weight
+            parts.scaler.scale_loss(trained / accum).backward()  # type: ignore[no-untyped-call]
         local += loss.detach() / accum
     return local

@@ -63,7 +63,7 @@ def test_fragile_switches_off_every_mechanism_but_background_saves() -> None:
 def test_a_checkpoint_keeps_the_same_mechanism_keys_in_the_same_order() -> None:
     # Checkpoints written before the registry hold these keys in this order; a mechanism
     # that is off saves {} under its keys, so every checkpoint has them all.
-    keys = ["monitor", "layers", "surgery", "adaptive_warmup", "quality", "rl_lr"]
+    keys = ["monitor", "layers", "surgery", "adaptive_warmup", "quality", "hard_samples", "rl_lr"]
     assert list(mechanism_states([])) == keys
     assert all(state == {} for state in mechanism_states([]).values())
 

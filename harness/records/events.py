@@ -19,11 +19,17 @@ from typing import Any, ClassVar
 
 from harness.records.event_base import OMIT, Reported, free_form, optional, required
 from harness.records.file_events import FileLoaded, FileLoadFailed, FileSaved
-from harness.records.step_events import DataWeightsObserved, LayerStatsObserved, StepObserved
+from harness.records.step_events import (
+    BatchSplit,
+    DataWeightsObserved,
+    LayerStatsObserved,
+    StepObserved,
+)
 
 __all__ = [
     "ALL",
     "OMIT",
+    "BatchSplit",
     "CheckpointLoaded",
     "CheckpointRejected",
     "CheckpointSaved",
@@ -284,6 +290,7 @@ Claim = (
     | RankBlamed
     | Diagnosed
     | LrDecided
+    | BatchSplit
 )
 
 #: Every event kind, in the order the schema and docs/journal.md list them.
@@ -298,6 +305,7 @@ ALL: tuple[type[Reported], ...] = (
     LayerStatsObserved,
     DataWeightsObserved,
     LrDecided,
+    BatchSplit,
     CheckpointSaved,
     CheckpointLoaded,
     CheckpointRejected,

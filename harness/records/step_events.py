@@ -78,6 +78,14 @@ class StepObserved(Reported):
         "Reference trainer, during warmup: the multiplier 1 / (1 + 10 * grad_variance) already "
         "applied to `lr`."
     )
+    sample_weight_max: float = optional(
+        "Reference trainer, opt-in `hard_sample_weighting`: the largest weight a sample's loss got "
+        "in this rank's micro-batches (mean weight 1; docs/stability.md)."
+    )
+    samples_excluded: int = optional(
+        "Reference trainer, opt-in `hard_sample_weighting`: samples of this rank given the least "
+        "weight as outliers (loss above `outlier_factor` x the recent loss)."
+    )
     pad_tokens: int = optional(
         "Reference trainer, with dynamic batching: padded positions of the step (ignored by the "
         "loss), summed over ranks; `tokens` counts the real ones."
@@ -117,3 +125,38 @@ class DataWeightsObserved(Reported):
     tokens: dict[str, int] = optional(
         "Source -> target tokens of the step's batch, over all ranks."
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchSplit(Reported):
+    """Reference trainer, opt-in `adaptive_batch`: how this process splits its share of each
+    step's batch, decided from its machine's memory headroom and measured step times when it
+    started (again after every restart); the global batch is the configured one."""
+
+    kind: ClassVar[str] = "batch_split"
+    micro_batch: int = required("Sequences per micro-batch on this rank.")
+    grad_accum: int = required("Micro-batches accumulated per optimizer step on this rank.")
+    world_size: int = required("Ranks in the job.")
+    global_batch: int = required(
+        "micro_batch x grad_accum x world_size: sequences per optimizer step (the configured one)."
+    )
+    candidates: list[int] = optional("The micro-batch sizes that split the rank's share evenly.")
+    memory_budget_mb: float = optional(
+        "Memory this process may use, MiB (configured, or the machine's: CUDA free memory plus "
+        "what torch holds; on a CPU available memory per local rank plus resident memory)."
+    )
+    memory_used_mb: float = optional(
+        "What it used when deciding, MiB: resident memory (CPU) or torch's reserved memory (CUDA)."
+    )
+    limit_mb: float = optional("Memory one micro-batch's activations could take, MiB.")
+    sequence_mb: float = optional(
+        "Measured activation memory of one more sequence in a micro-batch, MiB."
+    )
+    step_seconds: dict[str, float] = optional(
+        "Micro-batch size -> measured seconds of one step's forward and backward passes at that "
+        "split (the splits that fit; empty when not timed)."
+    )
+    threads: int = optional("torch's intra-op threads in this process.")
+    cpus: int = optional("CPU cores of the machine.")
+    device: str = optional("The device trained on.")
+    reason: str = optional("Why this split.")

@@ -6,6 +6,7 @@ injectors (`faults/injector.py`). The step calls every mechanism the registry
     lr_factor(step)        -> float    a multiplier on the scheduled learning rate
     begin_step(s)                      the step's learning rate is set, no batch yet
     on_micro_batch(...)                one micro-batch's logits, before its backward
+    weigh_loss(...)        -> loss     the loss that micro-batch's backward takes
     after_backward(s)                  gradients unscaled, this rank's norm in ``s``
     local_slice(s)         -> values   its part of the one all-reduce the ranks agree by
     agreed(s, values)                  the same part, summed over ranks
@@ -130,6 +131,12 @@ class Mechanism:
 
     def on_micro_batch(self, micro: int, logits: torch.Tensor, targets: torch.Tensor) -> None:
         """One micro-batch's logits and targets, before its backward."""
+
+    def weigh_loss(
+        self, micro: int, logits: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss the micro-batch's backward takes (``loss``, its mean, unless changed)."""
+        return loss
 
     def after_backward(self, s: StepState) -> None:
         """Gradients exist and are unscaled; ``s.grad_norm`` is this rank's."""

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from reference_trainer.checkpoints.manager import CheckpointConfig
 from reference_trainer.errors import ConfigError
 from reference_trainer.processes.watchdog import WatchdogConfig
+from reference_trainer.stability.adaptive_batch import AdaptiveBatchConfig
 from reference_trainer.stability.adaptive_warmup import AdaptiveWarmupConfig
 from reference_trainer.stability.clipping import ClipConfig
+from reference_trainer.stability.hard_samples import HardSampleConfig
 from reference_trainer.stability.layer_stats import LayerStatsConfig
 from reference_trainer.stability.layer_watch import StallConfig
 from reference_trainer.stability.loss_scale import LossScaleConfig
@@ -77,6 +79,10 @@ class StabilityConfig:
     """Re-tokenize (or drop) documents whose byte-fallback rate is over the threshold."""
     quality_sampling: QualitySamplingConfig = field(default_factory=QualitySamplingConfig)
     """Opt-in: the corpus's sampling weights follow a per-source quality score."""
+    hard_samples: HardSampleConfig = field(default_factory=HardSampleConfig)
+    """Opt-in: each sample's loss weighted by its hardness, within bounds."""
+    adaptive_batch: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
+    """Opt-in: micro-batch and accumulation chosen from memory headroom and step time."""
     toxicity: ToxicityConfig = field(default_factory=ToxicityConfig)
     """The three-tier toxicity filter (docs/data.md): lexicon, classifier, review queue."""
     replica_check: ReplicaCheckConfig = field(default_factory=ReplicaCheckConfig)
@@ -107,5 +113,9 @@ class StabilityConfig:
                 self.stragglers.rebalance = True
         elif name == "rl_lr":  # reads the step's own figures: on under --fragile too
             self.rl_lr.enabled = True
+        elif name == "hard_sample_weighting":  # needs no detector: on under --fragile too
+            self.hard_samples.enabled = True
+        elif name == "adaptive_batch":  # needs no detector: on under --fragile too
+            self.adaptive_batch.enabled = True
         else:
             raise KeyError(name)

@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from reference_trainer.stability.adaptive_batch_step import AdaptiveBatch
 from reference_trainer.stability.adaptive_warmup_step import AdaptiveWarmupStep
 from reference_trainer.stability.clipping_step import Clipping
+from reference_trainer.stability.hard_sample_step import HardSampleWeighting
 from reference_trainer.stability.layer_step import LayerChecks
 from reference_trainer.stability.loss_scale_step import LossScaling
 from reference_trainer.stability.mechanism import BuildContext, Mechanism
@@ -61,6 +63,8 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("adaptive_warmup", _off("adaptive_warmup"), AdaptiveWarmupStep),
     Entry("clipping", _off("clipping"), Clipping),
     Entry("quality_sampling", hooks=QualitySampling, opt_in=True),
+    Entry("hard_sample_weighting", hooks=HardSampleWeighting, opt_in=True),
+    Entry("adaptive_batch", hooks=AdaptiveBatch, opt_in=True),
     Entry("spikes", {"spikes.enabled": (), "spikes.acting": ()}),
     Entry("integrity", {"checkpoints.integrity": False}),
     Entry("delta", {"checkpoints.delta": False}),
