@@ -100,7 +100,7 @@ def test_every_arm_meets_the_soaks_faults_of_its_seed(tmp_path: Path) -> None:
 def test_the_protection_sweep_nests_its_layers_and_judges_by_the_soaks_invariants() -> None:
     data = yaml.safe_load(PROTECTION.read_text())
     sweep = parse_sweep(data, str(PROTECTION))
-    soak = invariants(SoakOptions(out_dir=Path("unused"), max_stall=60.0, loss_tolerance=0.1))
+    soak = invariants(SoakOptions(out_dir=Path("unused"), max_stall=300.0, loss_tolerance=0.1))
     assert sweep.scenario.expect == soak
     assert len(sweep.seeds) >= 20 and sweep.fault_mix is not None
     assert sweep.fault_mix.kinds is None  # every kind the soak draws
@@ -151,13 +151,14 @@ def _tiny_protection(tmp_path: Path) -> Path:
     """The protection sweep cut to two seeds, two arms and 12 steps of NaN gradients."""
     data: dict[str, Any] = yaml.safe_load(PROTECTION.read_text())
     data["scenario"]["trainer"].update(steps=12, checkpoint_every=6, timeout=240)
+    data["scenario"]["trainer"].pop("resume_after")
     data["scenario"]["expect"] = {"completed": True, "kept_params_finite": True}
     data["fault_mix"] = {"rate": 0.2, "kinds": ["nan_grad"]}
     data["arms"] = {"fragile": [], "all three layers": data["arms"]["all three layers"]}
     data["arms"]["all three layers"] = sorted(set(MECHANISMS) - set(KEPT_BY_FRAGILE))
     data["seeds"] = 2
     path = tmp_path / "tiny-protection.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -174,6 +175,7 @@ def test_a_tiny_protection_sweep_fails_the_bare_arm_and_passes_the_guarded(
     run = run_sweep(sweep, options)
     assert run.complete and not run.interrupted
     bare, guarded = sweep.cells()
+    assert (bare.label, guarded.label) == ("arm=fragile", "arm=all three layers")
     for seed in sweep.seeds:
         (b,), (g,) = ([r for r in run.of_cell(c) if r.seed == seed] for c in (bare, guarded))
         # Both arms met the same drawn faults: the journals say what was injected.
@@ -187,4 +189,4 @@ def _injected(run_dir: Path) -> list[tuple[str, int | None]]:
     """(kind, step) of each fault the run's journal saw injected (once per step: a
     restarted attempt may journal it again)."""
     journal = read_journal(run_dir, warn=False)
-    return sorted({(e.fault, e.step) for e in journal.of_kind(FaultInjected)})
+    return sorted({(str(e["fault"]), e.step) for e in journal.of_kind(FaultInjected)})
