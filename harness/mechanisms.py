@@ -64,3 +64,7 @@ OPT_IN = {
 
 #: Every name a suite's ``trainer.disable`` may hold.
 MECHANISMS = {**TRAINER_MECHANISMS, **LAUNCHER_MECHANISMS}
+
+#: Mechanisms the fragile preset leaves on: background checkpoint persistence protects
+#: nothing (its files are the same), so the negative control keeps it.
+KEPT_BY_FRAGILE = ("async",)

@@ -284,6 +284,25 @@ def test_completed_passes_after_a_restart(tmp_path: Path) -> None:
     assert check.figure == TARGET and check.figures["restarts"] == 1
 
 
+def test_completed_judges_the_last_launch_when_a_resumed_job_numbers_restarts_anew(
+    tmp_path: Path,
+) -> None:
+    # The first launch restarted once, then stopped as asked; the second (a rescheduled
+    # job, resumed) counts its restarts from 0 again and trains to the target.
+    run = Run(tmp_path).steps(1, 5).end("failed", step=5, reason="recovery exhausted")
+    run.restart(resume_at=0).steps(1, 20).end("stopped", step=20, reason="stopped as asked")
+    run.restart_count = -1
+    run.restart(resume_at=20).steps(21, TARGET).end()
+    check = CompletedOracle().judge(run.evidence())
+    assert check.passed, check.detail
+    stopped = Run(tmp_path / "stopped").steps(1, 5).end("failed", step=5)
+    stopped.restart(resume_at=0).steps(1, 20).end("stopped", step=20)
+    stopped.restart_count = -1
+    stopped.restart(resume_at=20).steps(21, TARGET)  # the resumed launch wrote no run_end
+    check = CompletedOracle().judge(stopped.evidence())
+    assert not check.passed and "rank 0 wrote no run_end" in check.detail, check.detail
+
+
 def test_completed_fails_naming_each_missing_piece(tmp_path: Path) -> None:
     run = Run(tmp_path, world_size=2).steps(1, 20)
     run.emit("run_end", 20, rank=0, status="failed", reason="NaN loss")

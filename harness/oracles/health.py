@@ -164,11 +164,11 @@ class CompletedOracle(ExpectOracle):
             missing.append(f"rank {LEAD_RANK} reported no step")
         elif top != target:
             missing.append(f"rank {LEAD_RANK} reached step {top} of {target}")
-        last = max((e.restart for e in journal), default=None)
+        last, attempt = _last_attempt(journal)
         if last is None:
             missing.append("the journal is empty")
         else:
-            missing += _unfinished_ranks([e for e in journal if e.restart == last])
+            missing += _unfinished_ranks(attempt)
         detail = "; ".join(missing) if missing else f"trained to step {target} and finished"
         return self.verdict(
             not missing,
@@ -179,6 +179,18 @@ class CompletedOracle(ExpectOracle):
             exit_code=evidence.exit_code,
             restarts=last,
         )
+
+
+def _last_attempt(journal: Journal) -> tuple[int | None, list[Event]]:
+    """The last attempt's restart number and events: the restart of the latest event (not
+    the highest: a job stopped and launched again, `resume_after`, numbers its restarts
+    from 0 again), each rank's events from its latest start of that attempt."""
+    if not journal:
+        return None, []
+    last = max(journal, key=lambda e: e.wall).restart
+    same = [e for e in journal if e.restart == last]
+    begun = {e.rank: e.wall for e in same if e.is_(RunStart)}  # wall order: the latest
+    return last, [e for e in same if e.wall >= begun.get(e.rank, -math.inf)]
 
 
 def _unfinished_ranks(attempt: list[Event]) -> list[str]:

@@ -98,6 +98,12 @@ def draw_plan(
     return FaultPlan(tuple(faults))
 
 
+def restarts_needed(plan: FaultPlan) -> int:
+    """Restarts torchrun may need to see ``plan`` through: two per process fault (the first
+    elastic restart after a lost worker can fail to connect) plus two, at most 100."""
+    return min(100, 2 * sum(type(f).fault_class == "process" for f in plan) + 2)
+
+
 def at_step(spec: FaultSpec, step: int, where: str) -> FaultSpec:
     """``spec`` fired once, at ``step``, for at most `MAX_DURATION` steps."""
     data = spec.model_dump(mode="json", exclude_defaults=True)

@@ -46,7 +46,7 @@ from harness.running.progress import SuiteProgress
 from harness.running.results import ScenarioResult, SuiteResult
 from harness.running.runner import INTERRUPTED, Runner, RunOptions
 from harness.soak.measures import Measures, measure
-from harness.soak.plan import draw_plan
+from harness.soak.plan import draw_plan, restarts_needed
 from harness.soak.shrink import shrink
 from harness.suites.scenario import Expect, Scenario, TrainerSpec
 
@@ -140,17 +140,16 @@ def invariants(options: SoakOptions) -> Expect:
     )
 
 
-def _trainer(options: SoakOptions, steps: int, faults: int, seconds: float) -> TrainerSpec:
-    """The soak's trainer: restarts enough for every process fault (a lost worker may
-    take two: the first elastic restart can fail to connect), a deadline well past the
-    expected time."""
+def _trainer(options: SoakOptions, steps: int, plan: FaultPlan, seconds: float) -> TrainerSpec:
+    """The soak's trainer: restarts enough for every process fault of ``plan``
+    (`restarts_needed`), a deadline well past the expected time."""
     return TrainerSpec(
         preset=options.preset,
         model=options.model,
         world_size=options.world_size,
         steps=steps,
         checkpoint_every=options.checkpoint_every,
-        max_restarts=min(100, 2 * faults + 2),
+        max_restarts=restarts_needed(plan),
         timeout=3 * seconds + 300,
     )
 
@@ -160,7 +159,7 @@ def calibrate(options: SoakOptions) -> tuple[int, float]:
     calibration run (cached like a baseline)."""
     assert options.seconds is not None
     steps = max(CALIBRATION_STEPS, 2 * options.checkpoint_every + 20)  # two saves in the rate
-    spec = _trainer(options, steps, 0, 600.0)
+    spec = _trainer(options, steps, FaultPlan(()), 600.0)
     executor = options.executor or LocalExecutor(options.world_size)
     run_dir = executor.baseline(
         spec, options.cache_dir, use_cache=options.use_cache, on_poll=None, stop=options.stop
@@ -175,10 +174,6 @@ def calibrate(options: SoakOptions) -> tuple[int, float]:
     start_up = max(0.0, float(done.get("seconds", span)) - span)
     wanted = int((options.seconds - start_up) / per_step)
     return max(2 * options.checkpoint_every, wanted), per_step
-
-
-def _count_process_faults(plan: FaultPlan) -> int:
-    return sum(type(f).fault_class == "process" for f in plan)
 
 
 #: The order broken invariants are shrunk in: the cheapest trials first (the final-loss
@@ -224,7 +219,7 @@ def run_soak(options: SoakOptions) -> SoakOutcome:
     # What the soak is expected to take, fault-free, for its deadline (a generous guess of
     # a quarter second a step when only steps were given).
     expected = options.seconds if options.seconds is not None else max(600.0, 0.25 * steps)
-    trainer = _trainer(options, steps, _count_process_faults(plan), expected)
+    trainer = _trainer(options, steps, plan, expected)
     options.say(
         f"soak: {steps} steps, {len(plan)} faults drawn (seed {options.seed}, "
         f"rate {options.rate:g} a step), {options.preset} trainer on {options.world_size} ranks"

@@ -182,8 +182,10 @@ def run_sweep(sweep: Sweep, options: SweepOptions, only: list[Cell] | None = Non
     started, clock = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.monotonic()
     cells = sweep.cells() if only is None else only
     jobs: list[tuple[Cell, int, Scenario, str]] = []
-    for cell in cells:
-        for seed in sweep.seeds:
+    # Seed by seed, every cell at each: a sweep stopped half way has its cells on the same
+    # seeds, so what it kept compares them on the same draws.
+    for seed in sweep.seeds:
+        for cell in cells:
             scenario = sweep.run_scenario(cell, seed)
             jobs.append((cell, seed, scenario, scenario_key(scenario)))
     for trainer in {job[2].trainer.command: job[2].trainer for job in jobs}.values():

@@ -11,6 +11,10 @@ grid:                # trainer field (dotted) -> the values to try
   optimizer.beta2: [0.999, 0.98, 0.95]
 seeds: 20            # 0..19, or a list of seeds
 min_success: 0.5     # optional: a cell below this success rate fails the sweep
+arms:                # optional: named sets of mechanisms on (`harness.sweeps.arms`)
+  fragile: []
+  guarded: [nonfinite_guard, clipping]
+fault_mix: {rate: 0.02}  # optional: faults drawn per seed as a soak draws them
 ```
 
 Every cell of the grid (the product of its lists) runs the scenario once per seed: the
@@ -32,8 +36,10 @@ from pydantic import ValidationError
 
 from harness.suites.scenario import Scenario, TrainerSpec
 from harness.suites.suite_loader import Problems, ScenarioError, parse_suite, read_yaml
+from harness.sweeps.arms import ARM_FIELDS, Arm, parse_arms
+from harness.sweeps.fault_mix import FaultMix, parse_fault_mix
 
-_KEYS = ("sweep", "description", "scenario", "grid", "seeds", "min_success")
+_KEYS = ("sweep", "description", "scenario", "arms", "fault_mix", "grid", "seeds", "min_success")
 #: The most runs one sweep may ask for (cells times seeds).
 MAX_RUNS = 10_000
 #: Trainer fields a grid may not set: the seeds are the sweep's own axis, and how a run is
@@ -81,11 +87,16 @@ class Sweep:
     seeds: tuple[int, ...]
     min_success: float | None = None
     source: str = "<memory>"
+    #: Named sets of mechanisms switched on: the slowest axis of the cells (``arm=NAME``).
+    arms: tuple[Arm, ...] = ()
+    #: Faults drawn per seed as a soak draws them, after the scenario's own.
+    fault_mix: FaultMix | None = None
 
     def cells(self) -> list[Cell]:
-        """The grid's points, first field varying slowest."""
-        values = [v for _, v in self.grid]
-        names = [k for k, _ in self.grid]
+        """The grid's points, the arms first, then the first field varying slowest."""
+        axes = ([("arm", tuple(a.name for a in self.arms))] if self.arms else []) + list(self.grid)
+        values = [v for _, v in axes]
+        names = [k for k, _ in axes]
         return [
             Cell(i, tuple(zip(names, combo, strict=True)))
             for i, combo in enumerate(itertools.product(*values), start=1)
@@ -93,7 +104,7 @@ class Sweep:
 
     def run_scenario(self, cell: Cell, seed: int) -> Scenario:
         """The scenario of one run: the cell's settings and the seed applied."""
-        return with_settings(self.scenario, cell, seed)
+        return with_settings(self.scenario, cell, seed, self.arms, self.fault_mix)
 
     @property
     def runs(self) -> int:
@@ -117,14 +128,32 @@ def set_path(data: dict[str, Any], path: str, value: Any) -> None:
     node[last] = value
 
 
-def with_settings(scenario: Scenario, cell: Cell, seed: int) -> Scenario:
-    """``scenario`` renamed for the run, its trainer set to the cell and the seed."""
+def with_settings(
+    scenario: Scenario,
+    cell: Cell,
+    seed: int,
+    arms: tuple[Arm, ...] = (),
+    fault_mix: FaultMix | None = None,
+) -> Scenario:
+    """``scenario`` renamed for the run, its trainer set to the cell (its arm's mechanisms
+    first) and the seed, with the seed's drawn fault mix."""
     trainer = scenario.trainer.model_dump(mode="json", exclude_unset=True)
+    by_name = {a.name: a for a in arms}
+    settings = [kv for kv in cell.settings if kv[0] != "arm"]
+    for _, name in [kv for kv in cell.settings if kv[0] == "arm"]:
+        trainer.update(by_name[name].trainer_fields())
     # Shallower paths first: ``optimizer: sophia`` then ``optimizer.lr`` keeps both.
-    for path, value in sorted(cell.settings, key=lambda kv: kv[0].count(".")):
+    for path, value in sorted(settings, key=lambda kv: kv[0].count(".")):
         set_path(trainer, path, value)
     trainer["seed"] = seed
     faults = [f.model_copy(update={"seed": f.seed + seed}) for f in scenario.faults]
+    if fault_mix is not None:
+        drawn = fault_mix.draw(TrainerSpec.model_validate(trainer), seed)
+        trainer["max_restarts"] = max(
+            int(trainer.get("max_restarts", TrainerSpec.model_fields["max_restarts"].default)),
+            fault_mix.restarts(drawn),
+        )
+        faults += drawn
     return scenario.model_copy(
         update={
             "name": f"{cell.slug}-seed{seed}",
@@ -149,7 +178,7 @@ def _scenario(data: Any, source: str, lines: Mapping[Path_, int], out: Problems)
     return suite.scenarios[0]
 
 
-def _grid(raw: Any, out: Problems) -> list[tuple[str, tuple[Any, ...]]]:
+def _grid(raw: Any, out: Problems, arms: bool) -> list[tuple[str, tuple[Any, ...]]]:
     if raw is None:
         return []
     if not isinstance(raw, dict):
@@ -170,6 +199,9 @@ def _grid(raw: Any, out: Problems) -> list[tuple[str, tuple[Any, ...]]]:
         if head in _NOT_SWEPT:
             why = "the seeds are given by `seeds`" if head == "seed" else "it is no setting"
             out.add(where, f"{head} cannot be swept: {why}")
+            continue
+        if arms and head in ARM_FIELDS:
+            out.add(where, f"{head} is set by the arms; sweep it as an arm")
             continue
         if not isinstance(values, list) or not values:
             out.add(where, "expected a non-empty list of values")
@@ -208,7 +240,12 @@ def parse_sweep(data: Any, source: str, lines: Mapping[Path_, int] | None = None
     for key in sorted(set(data) - set(_KEYS)):
         out.add((str(key),), f"unknown key; a sweep has {', '.join(_KEYS)}")
     scenario = _scenario(data.get("scenario"), source, lines, out)
-    grid = _grid(data.get("grid"), out)
+    arms = parse_arms(data.get("arms"), out)
+    fault_mix = parse_fault_mix(data.get("fault_mix"), out)
+    if arms and scenario is not None:
+        for name in sorted(set(ARM_FIELDS) & scenario.trainer.model_fields_set):
+            out.add(("scenario", "trainer", name), "set by the arms; leave it out of the trainer")
+    grid = _grid(data.get("grid"), out, bool(arms))
     seeds = _seeds(data.get("seeds", 1), out)
     min_success = data.get("min_success")
     if min_success is not None and not (
@@ -217,7 +254,7 @@ def parse_sweep(data: Any, source: str, lines: Mapping[Path_, int] | None = None
     ):  # fmt: skip
         out.add(("min_success",), f"expected a success rate from 0 to 1, got {min_success!r}")
         min_success = None
-    cells = 1
+    cells = max(1, len(arms))
     for _, values in grid:
         cells *= len(values)
     if cells * max(1, len(seeds)) > MAX_RUNS:
@@ -232,6 +269,8 @@ def parse_sweep(data: Any, source: str, lines: Mapping[Path_, int] | None = None
             seeds=seeds,
             min_success=None if min_success is None else float(min_success),
             source=source,
+            arms=arms,
+            fault_mix=fault_mix,
         )
         _check_cells(sweep, out)
     if out.problems or sweep is None:
@@ -243,7 +282,7 @@ def _check_cells(sweep: Sweep, out: Problems) -> None:
     """Every cell must make a valid trainer; a bad value is named with its cell."""
     for cell in sweep.cells():
         try:
-            with_settings(sweep.scenario, cell, sweep.seeds[0])
+            sweep.run_scenario(cell, sweep.seeds[0])
         except ValidationError as exc:
             for err in exc.errors():
                 where = ".".join(["trainer", *(str(p) for p in err["loc"])])
