@@ -38,6 +38,10 @@ _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
 
+#: The error of a baseline stopped by the user: says nothing of its configuration.
+BASELINE_STOPPED = "the fault-free baseline run was stopped (Ctrl-C or SIGTERM)"
+
+
 class BaselineError(TightropeError):
     """The fault-free run of a configuration failed, so nothing can be compared with it."""
 
@@ -137,7 +141,7 @@ def baseline_run(
                 stop=stop,
             )
         if launch.interrupted:
-            raise BaselineError("the fault-free baseline run was stopped (Ctrl-C or SIGTERM)")
+            raise BaselineError(BASELINE_STOPPED)
         if launch.timed_out or launch.exit_code != 0:
             how = (
                 f"timed out after {spec.timeout:g} s"

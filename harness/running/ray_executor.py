@@ -25,7 +25,13 @@ from typing import Any
 
 from harness.errors import TightropeError
 from harness.run_layout import RunLayout
-from harness.running.baseline import BaselineError, baseline_key, cache_lock, code_version
+from harness.running.baseline import (
+    BASELINE_STOPPED,
+    BaselineError,
+    baseline_key,
+    cache_lock,
+    code_version,
+)
 from harness.running.executor import CLUSTER_ERROR, BaselineRan, Ran
 from harness.running.launch import Launch
 from harness.running.run_files import READ_CHECKPOINTS, copy_run, unpack
@@ -172,7 +178,7 @@ class RayExecutor:
             args = (spec.model_dump(mode="json"), self.run_root, os.environ.get("OMP_NUM_THREADS"))
             reply, lost = self._call(self._baseline, args, spec, stop)
             if reply is None:
-                raise BaselineError("the fault-free baseline run was stopped (Ctrl-C or SIGTERM)")
+                raise BaselineError(BASELINE_STOPPED)
             partial = run_dir.with_name(f".{key}.{uuid.uuid4().hex[:8]}.partial")
             self._receive(reply, partial, checkpoints=True)
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -28,7 +28,7 @@ from harness.oracles.health import final_loss
 from harness.records.events import StepObserved
 from harness.records.journal import json_safe, read_journal
 from harness.records.timeline import surviving_losses
-from harness.running.baseline import default_cache_dir, scenario_key
+from harness.running.baseline import BASELINE_STOPPED, default_cache_dir, scenario_key
 from harness.running.executor import CLUSTER_ERROR, Executor
 from harness.running.launch import check_command
 from harness.running.progress import SuiteProgress
@@ -172,8 +172,10 @@ def _keep(result: ScenarioResult) -> bool:
 
 
 def _stopped(result: ScenarioResult) -> bool:
-    """The run was stopped by the user (its error may go on to say what was missing)."""
-    return (result.error or "").startswith(INTERRUPTED)
+    """The run, or the fault-free baseline it waited for, was stopped by the user (its
+    error may go on to say what was missing)."""
+    error = result.error or ""
+    return error.startswith(INTERRUPTED) or BASELINE_STOPPED in error
 
 
 def run_sweep(sweep: Sweep, options: SweepOptions, only: list[Cell] | None = None) -> SweepRun:
