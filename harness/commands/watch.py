@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -68,13 +69,23 @@ def _watch(args: argparse.Namespace) -> int:
     if args.once:
         console.print(render(reader.refresh(), args.rank))
         return 0
+    # Ctrl-C only sets a flag that the loop reads between frames: a KeyboardInterrupt raised
+    # in the middle of drawing could leave the terminal half written, and one raised where
+    # an exception is ignored (a finalizer) would be lost and the view would go on.
+    # (A plain list, not an Event: setting an Event takes a lock the interrupted main thread
+    # may be holding.)
+    stopped: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: stopped.append(signum))
     try:
         snapshot = reader.refresh()
         with Live(render(snapshot, args.rank), console=console, auto_refresh=False) as live:
             while not snapshot.ended:
                 time.sleep(args.interval)
+                if stopped:
+                    break
                 snapshot = reader.refresh()
                 live.update(render(snapshot, args.rank), refresh=True)
-    except KeyboardInterrupt:
-        return 0  # the user is done watching; the job goes on
-    return 0
+    finally:
+        if previous is not None:  # None: set outside Python, cannot be put back
+            signal.signal(signal.SIGINT, previous)
+    return 0  # the job ended, or the user is done watching (the job goes on)
