@@ -252,6 +252,9 @@ class Settings:
     timeout: float = 30.0
     """Seconds an in-process resume may take before it counts as a hang."""
     cli_timeout: float = 120.0
+    scratch: Path | None = None
+    """Folder the cases are copied into and damaged (default: the system's temporary one);
+    each case writes and deletes a copy of the run, so a memory-backed one saves disk time."""
 
 
 def run_case(
@@ -431,7 +434,7 @@ def fuzz(
     """Run a campaign; builds the pristine runs unless given them."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # no OpenMP pool in the parent: forked children must not hang
-    work = Path(tempfile.mkdtemp(prefix="tightrope-fuzz-"))
+    work = Path(tempfile.mkdtemp(prefix="tightrope-fuzz-", dir=settings.scratch))
     started = time.monotonic()
     try:
         built = 0.0
@@ -502,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", type=_kinds, default=tuple(MUTATIONS), help="mutation kinds, a,b")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per in-process resume")
     p.add_argument("--cli-timeout", type=float, default=120.0, help="seconds per CLI resume")
+    p.add_argument("--scratch", type=Path, help="folder to damage the copies in (a tmpfs: faster)")
     p.add_argument("--json", type=Path, metavar="OUT.json", help="write the counts here")
     p.add_argument("--show", type=_count, default=5, help="failing cases to list (default 5)")
     return p
@@ -518,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kinds=args.kinds,
         timeout=args.timeout,
         cli_timeout=args.cli_timeout,
+        scratch=args.scratch,
     )
     try:
         report = fuzz(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -23,6 +23,17 @@ PREEMPT = {"kind": "preempt", "at_step": 12, "ranks": [0], "grace_seconds": 10}
 RECOVERED = {"completed": True, "mttr": {"max_seconds": 45}}
 
 
+# `tightrope soak --minutes 2 --seed 7`, shrunk: rank 1 hung with resume_after 58 s; the hang
+# watchdog kills it, the job ends well before then, and its resumer outlived it. It shares the
+# module's suite (and its pool of cores) with the scenarios above: the same runs, one wait.
+HANG_RESUMED_LATE = {
+    "name": "hang-resumed-late",
+    "trainer": {"world_size": 2, "steps": 20, "checkpoint_every": 5, "timeout": 120},
+    "faults": [{"kind": "hang", "at_step": 12, "ranks": [1], "resume_after": 58}],
+    "expect": {"completed": True, "no_processes_left": True},
+}
+
+
 def scenario(
     name: str, fault: dict[str, Any], expect: dict[str, Any], disable: tuple[str, ...] = (),
     **trainer: Any,
@@ -50,11 +61,15 @@ def results(out: Path) -> dict[str, ScenarioResult]:
                 ),
                 scenario("kill-no-restarts", KILL, {}, disable=("restarts",)),
                 scenario("hang", HANG, {"detected": {"detector": "hang_watchdog"}}),
-                scenario("hang-no-watchdog", HANG, {}, disable=("watchdog",), timeout=40),
+                # The deadline only has to outlast start-up and 12 steps (step 12 came 6 s
+                # after the run began, on 2 cores at load 6.5); the test below checks that it
+                # was the hang, not a slow start, that ran it out. All of it is waiting.
+                scenario("hang-no-watchdog", HANG, {}, disable=("watchdog",), timeout=25),
                 scenario("preempt", PREEMPT, {"max_lost_steps": 0}),
                 scenario(
                     "preempt-no-save", PREEMPT, {"max_lost_steps": 0}, disable=("preemption",)
                 ),
+                HANG_RESUMED_LATE,
             ],
         },
         "<test>",
@@ -118,30 +133,9 @@ def test_a_preempted_run_resumes_from_its_emergency_checkpoint(
 
 
 @pytest.mark.slow
-def test_a_hung_rank_resumed_late_leaves_no_process_behind(tmp_path: Path) -> None:
-    # `tightrope soak --minutes 2 --seed 7`, shrunk: rank 1 hung with resume_after 58 s; the
-    # hang watchdog kills it, the job ends well before then, and its resumer outlived it.
-    hang = {"kind": "hang", "at_step": 12, "ranks": [1], "resume_after": 58}
-    suite = parse_suite(
-        {
-            "suite": "late-resume",
-            "scenarios": [
-                {
-                    "name": "hang-resumed-late",
-                    "trainer": {
-                        "world_size": 2,
-                        "steps": 20,
-                        "checkpoint_every": 5,
-                        "timeout": 120,
-                    },
-                    "faults": [hang],
-                    "expect": {"completed": True, "no_processes_left": True},
-                }
-            ],
-        },
-        "<test>",
-    )
-    options = RunOptions(out_dir=tmp_path, cache_dir=tmp_path / "cache", cores=2)
-    [result] = run_suite(suite, options, progress=False).scenarios
+def test_a_hung_rank_resumed_late_leaves_no_process_behind(
+    results: dict[str, ScenarioResult],
+) -> None:
+    result = results["hang-resumed-late"]
     assert result.status == "passed", [(c.name, c.figure, c.detail) for c in result.checks]
     assert result.left_behind == 0
