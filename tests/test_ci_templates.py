@@ -269,8 +269,8 @@ def test_the_script_runs_the_suite_as_a_ci_job_does(tmp_path: Path) -> None:
     """Two jobs at once on the cut smoke suite. The reference trainer with no target
     scorecard: passes, the summary is its scorecard, junit.xml written. The fragile preset
     against a stored target-branch scorecard in which nan-grad passed (tests/ci_target,
-    from a real run of this suite): fails, the regression flagged in the summary and as an
-    annotation."""
+    from a real run of this suite when it still had the checks against a fault-free run):
+    fails, the regression flagged in the summary and as an annotation."""
     suite = _cut_smoke_suite(tmp_path)
     reference, fragile = tmp_path / "reference", tmp_path / "fragile"
     target = ROOT / "tests" / "ci_target"
