@@ -62,6 +62,13 @@ def quiet() -> contextlib.AbstractContextManager[object]:
     return contextlib.redirect_stdout(io.StringIO())
 
 
+@pytest.fixture
+def shared_cache() -> Path:
+    """The session's baseline cache, for runs whose test is not about caching: a
+    configuration another test already ran is not run again."""
+    return Path(os.environ[SHARED_CACHE])
+
+
 # -- nothing of ours outlives the session -------------------------------------------------
 
 #: Every process a test starts inherits this mark (through the environment), whatever
@@ -70,6 +77,13 @@ SESSION_MARK = "TIGHTROPE_TEST_SESSION"
 
 #: The folder of trained tokenizers every fresh run of the session shares.
 TOKENIZER_CACHE = "TIGHTROPE_TOKENIZER_CACHE"
+
+#: Where fault-free baselines are cached (harness/running/baseline.py reads it): one folder
+#: for the session, so a configuration's baseline runs once however many tests need it.
+BASELINE_CACHE = "TIGHTROPE_CACHE"
+
+#: The same folder, under a name no test changes (a test may set or drop TIGHTROPE_CACHE).
+SHARED_CACHE = "TIGHTROPE_TEST_SHARED_CACHE"
 
 #: Set by pytest-xdist in each worker's environment (``make test`` runs two workers).
 XDIST_WORKER = "PYTEST_XDIST_WORKER"
@@ -94,11 +108,15 @@ def pytest_xdist_make_scheduler(
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Mark this session's environment, so its processes can be found at the end; give
     its fresh runs one tokenizer cache, so each configuration's BPE is trained once (each
-    entry is checked against its digest before use; tests/test_tokenizer_cache.py)."""
+    entry is checked against its digest before use; tests/test_tokenizer_cache.py), and
+    one baseline cache (keyed by configuration and code, and locked: tests that do not
+    test caching share it, through ``shared_cache`` or a run that takes the default)."""
     if XDIST_WORKER in os.environ:
         return  # a worker inherits the controller's mark and cache: one check covers all
     os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
     os.environ[TOKENIZER_CACHE] = tempfile.mkdtemp(prefix="tightrope-tokenizers-")
+    os.environ[SHARED_CACHE] = tempfile.mkdtemp(prefix="tightrope-baselines-")
+    os.environ[BASELINE_CACHE] = os.environ[SHARED_CACHE]
     fd, groups = tempfile.mkstemp(prefix="tightrope-test-groups-", suffix=".json")
     os.close(fd)
     os.environ[lanes.GROUPS_FILE_ENV] = groups
@@ -112,9 +130,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     if XDIST_WORKER in os.environ:
         return  # the controller checks, once every worker is done
-    cache = os.environ.pop(TOKENIZER_CACHE, "")
-    if cache:
-        shutil.rmtree(cache, ignore_errors=True)
+    for name in (TOKENIZER_CACHE, SHARED_CACHE):
+        cache = os.environ.pop(name, "")
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)
+    os.environ.pop(BASELINE_CACHE, None)
     groups = os.environ.pop(lanes.GROUPS_FILE_ENV, "")
     if groups:
         Path(groups).unlink(missing_ok=True)

@@ -244,11 +244,15 @@ def test_fetch_target_on_gitlab_asks_the_job_artifacts_api(tmp_path: Path) -> No
 
 
 def _cut_smoke_suite(tmp_path: Path) -> Path:
-    """scenarios/smoke.yaml cut to its nan-grad scenario, 20 steps, the NaN at step 8."""
+    """scenarios/smoke.yaml cut to its nan-grad scenario, 20 steps, the NaN at step 8, and
+    without the checks against a fault-free run (final loss, false alarms): the job's
+    plumbing is under test, and a run to compare with would double the trainer runs."""
     suite = yaml.safe_load((ROOT / "scenarios" / "smoke.yaml").read_text())
     suite["defaults"]["trainer"]["steps"] = 20
     (scenario,) = [s for s in suite["scenarios"] if s["name"] == "nan-grad"]
     scenario["faults"][0]["at_step"] = 8
+    for needs_a_clean_run in ("final_loss_within", "max_false_alarms"):
+        del scenario["expect"][needs_a_clean_run]
     suite["scenarios"] = [scenario]
     path = tmp_path / "smoke-cut.yaml"
     path.write_text(yaml.safe_dump(suite, sort_keys=False))
@@ -265,8 +269,8 @@ def test_the_script_runs_the_suite_as_a_ci_job_does(tmp_path: Path) -> None:
     """Two jobs at once on the cut smoke suite. The reference trainer with no target
     scorecard: passes, the summary is its scorecard, junit.xml written. The fragile preset
     against a stored target-branch scorecard in which nan-grad passed (tests/ci_target,
-    from a real run of this suite): fails, the regression flagged in the summary and as an
-    annotation."""
+    from a real run of this suite when it still had the checks against a fault-free run):
+    fails, the regression flagged in the summary and as an annotation."""
     suite = _cut_smoke_suite(tmp_path)
     reference, fragile = tmp_path / "reference", tmp_path / "fragile"
     target = ROOT / "tests" / "ci_target"

@@ -70,10 +70,11 @@ def test_weights_changed_outside_the_optimizer_come_first() -> None:
 
 @pytest.mark.slow
 def test_the_diagnosis_names_the_block_a_fault_was_aimed_at() -> None:
-    """Each fault a layer applies to, aimed at two of four blocks: the first diagnosis
-    after it names that block first in at least 90% of trials (benchmarks/diagnosis.py
-    measures the rate over more)."""
-    trials = [trial(fault, block, seed=block) for fault in FAULTS for block in (1, 3)]
+    """Each fault a layer applies to, aimed at one of four blocks (block 1 or 3, in turn):
+    the first diagnosis after it names that block first in at least 90% of trials, that is
+    in every one of these six (benchmarks/diagnosis.py measures the rate over 48: 100%)."""
+    blocks = [1 + 2 * (i % 2) for i in range(len(FAULTS))]
+    trials = [trial(fault, block, seed=block) for fault, block in zip(FAULTS, blocks, strict=True)]
     misses = [t for t in trials if not t.hit]
     assert len(misses) <= 0.1 * len(trials), misses
 

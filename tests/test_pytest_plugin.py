@@ -44,11 +44,14 @@ def test_each_scenario_is_an_item_and_other_yaml_is_left_alone(suite_dir: pytest
 
 @pytest.mark.slow
 def test_a_failing_scenario_shows_its_checks_with_figures(suite_dir: pytest.Pytester) -> None:
+    # With a score threshold above the session's score: the session says it fell short
+    # (test_the_score_threshold_passes_a_session_that_meets_it is its negative control).
     out = suite_dir.path / "card"
     result = suite_dir.runpytest_subprocess(
-        "-p", "no:cacheprovider", f"--tightrope-scorecard={out}"
+        "-p", "no:cacheprovider", f"--tightrope-scorecard={out}", "--tightrope-min-score=80"
     )
     result.assert_outcomes(passed=1, failed=1)
+    assert result.ret == 1
     result.stdout.fnmatch_lines(
         [
             "*scenario poisoned failed (score 50/100)*",
@@ -57,6 +60,7 @@ def test_a_failing_scenario_shows_its_checks_with_figures(suite_dir: pytest.Pyte
             "observations saw them, 1 last step that applied a non-finite loss)*",
             "*passed: completed*",
             "*tightrope: resilience score 75.0/100; scorecards in*",
+            "*score 75.0 is below --tightrope-min-score 80*",
         ]
     )
     card = json.loads((out / "scorecard.json").read_text())
@@ -66,13 +70,13 @@ def test_a_failing_scenario_shows_its_checks_with_figures(suite_dir: pytest.Pyte
 
 
 @pytest.mark.slow
-def test_the_score_threshold_fails_the_session(suite_dir: pytest.Pytester) -> None:
+def test_the_score_threshold_passes_a_session_that_meets_it(suite_dir: pytest.Pytester) -> None:
+    """Only the clean scenario, at the highest threshold: met, so the session passes (the
+    threshold failing a session is shown with the failing scenario above)."""
     result = suite_dir.runpytest_subprocess("-k", "clean", "--tightrope-min-score=100")
     result.assert_outcomes(passed=1, deselected=1)
     assert result.ret == 0
-    result = suite_dir.runpytest_subprocess("-k", "poisoned", "--tightrope-min-score=60")
-    assert result.ret == 1
-    result.stdout.fnmatch_lines(["*score 50.0 is below --tightrope-min-score 60*"])
+    assert "below --tightrope-min-score" not in result.stdout.str()
 
 
 def test_bad_options_are_usage_errors(suite_dir: pytest.Pytester) -> None:

@@ -1,5 +1,10 @@
 """`tightrope sweep` end to end: a 2 x 2 grid of the reference trainer judged, stopped,
-continued from its cached runs, and run again under pytest; a command trainer's sweep."""
+continued from its cached runs, and run again under pytest; a command trainer's sweep.
+
+One seed per cell: every run is a trainer process, and what these tests show (a grid's
+cells judged apart, a stop keeping what finished, the cache reused, a command swept) needs
+one run per cell. Several seeds per cell are counted in tests/test_sweep_stats.py, and run
+end to end in tests/test_sweep_arms.py's tiny protection sweep."""
 
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ scenario:
 grid:
   preset: [reference, fragile]
   optimizer.beta2: [0.999, 0.95]
-seeds: 2
+seeds: 1
 min_success: 0.5
 """
 
@@ -48,17 +53,27 @@ def _sweep(args: list[str], cache: Path, timeout: float = 300) -> subprocess.Com
     )
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the child before it runs: SIGINT handled as the terminal's Ctrl-C would be. A test
+    session started in the background of a non-interactive shell has SIGINT ignored, and a
+    Python started with SIGINT ignored keeps ignoring it (no KeyboardInterrupt): the sweep
+    then never heard the stop, ran every run and exited 1 rather than 130."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_grid_is_judged_and_a_stopped_sweep_goes_on_from_its_cache(tmp_path: Path) -> None:
     file, out, cache = tmp_path / "guards.yaml", tmp_path / "out", tmp_path / "cache"
     file.write_text(GRID)
-    # Stopped (Ctrl-C) once two runs have finished: what finished is kept.
+    # Stopped (Ctrl-C) once two runs have finished: what finished is kept. One run at a
+    # time, so that the stop finds runs still to do whatever the machine's core count.
     first = subprocess.Popen(
-        [sys.executable, "-m", "harness", "sweep", str(file), "--out", str(out)],
+        [sys.executable, "-m", "harness", "sweep", str(file), "--out", str(out), "--cores", "1"],
         cwd=ROOT,
         env=_env(cache),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=_ctrl_c_reaches_it,
     )
     deadline = time.monotonic() + 240
     while len(list((cache / "sweep-runs").glob("*.json"))) < 2 and time.monotonic() < deadline:
@@ -70,19 +85,19 @@ def test_a_grid_is_judged_and_a_stopped_sweep_goes_on_from_its_cache(tmp_path: P
     partial = json.loads((out / "sweep.json").read_text())
     assert partial["complete"] is False and partial["interrupted"] is True
     kept = len(partial["runs"])
-    assert 2 <= kept < 8
+    assert 2 <= kept < 4
 
     done = _sweep([str(file), "--out", str(out)], cache)
     assert done.returncode == 1, done.stdout + done.stderr  # the fragile cells fall short
     data = json.loads((out / "sweep.json").read_text())
-    assert data["complete"] is True and len(data["runs"]) == 8
+    assert data["complete"] is True and len(data["runs"]) == 4
     assert sum(r["cached"] for r in data["runs"]) >= kept
     cells = {c["label"]: c for c in data["cells"]}
     for beta2 in ("0.999", "0.95"):
         guarded = cells[f"preset=reference, optimizer.beta2={beta2}"]
         bare = cells[f"preset=fragile, optimizer.beta2={beta2}"]
-        assert (guarded["passed"], guarded["runs"]) == (2, 2)
-        assert (bare["passed"], bare["failed_checks"]) == (0, {"params_finite": 2})
+        assert (guarded["passed"], guarded["runs"]) == (1, 1)
+        assert (bare["passed"], bare["failed_checks"]) == (0, {"params_finite": 1})
     assert "below min_success 0.5" in done.stdout
     assert {p.name for p in out.iterdir()} >= {"sweep.json", "sweep.md", "sweep.html", "runs"}
 
@@ -111,11 +126,11 @@ scenario:
   expect: {{params_finite: true, completed: true}}
 grid:
   command: ["{trainer}", "{trainer} --guard"]
-seeds: 2
+seeds: 1
 """
     )
     done = _sweep([str(file), "--out", str(out)], tmp_path / "cache")
     assert done.returncode == 0, done.stdout + done.stderr  # no min_success: nothing falls short
     bare, guarded = json.loads((out / "sweep.json").read_text())["cells"]
-    assert (bare["passed"], guarded["passed"]) == (0, 2)
-    assert bare["failed_checks"] == {"params_finite": 2}
+    assert (bare["passed"], guarded["passed"]) == (0, 1)
+    assert bare["failed_checks"] == {"params_finite": 1}
