@@ -6,7 +6,6 @@ damage is skipped, not a crash loop."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -34,11 +33,8 @@ INVARIANTS = {
 
 def _soak(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, object]]:
     out = tmp_path / "soak"
-    os.environ["TIGHTROPE_CACHE"] = str(tmp_path / "cache")
-    try:
-        done = run_module("-m", "harness", "soak", *args, "--scorecard", str(out), timeout=timeout)
-    finally:
-        del os.environ["TIGHTROPE_CACHE"]
+    # Its fault-free runs go to the session's baseline cache (tests/conftest.py).
+    done = run_module("-m", "harness", "soak", *args, "--scorecard", str(out), timeout=timeout)
     card = json.loads((out / "scorecard.json").read_text()) if done.returncode in (0, 1) else {}
     return done.returncode, done.stdout + done.stderr, card
 
@@ -109,14 +105,10 @@ def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replay
     assert soak["metrics"]["steps"] == 100
     assert soak["metrics"]["calibrated_seconds_per_step"] > 0
     # Replayed by the suite runner: it breaks again.
-    os.environ["TIGHTROPE_CACHE"] = str(tmp_path / "cache")
-    try:
-        again = run_module(
-            "-m", "harness", "run", str(tmp_path / "soak" / "minimal.yaml"),
-            "--scorecard", str(tmp_path / "replay"),
-        )  # fmt: skip
-    finally:
-        del os.environ["TIGHTROPE_CACHE"]
+    again = run_module(
+        "-m", "harness", "run", str(tmp_path / "soak" / "minimal.yaml"),
+        "--scorecard", str(tmp_path / "replay"),
+    )  # fmt: skip
     assert again.returncode == 1, again.stdout[-3000:]
 
 
