@@ -10,14 +10,18 @@ import argparse
 import json
 import re
 import signal
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.commands.executor_args import add_executor_args, chosen_executor
 from harness.errors import TightropeError
 from harness.suites.keywords import keyword_match
 from harness.suites.scenario import TRAINER_PRESETS, Scenario, Suite
 from harness.tables import Column, command_console, print_table
+
+if TYPE_CHECKING:
+    from harness.running.results import ScenarioResult
 
 
 class UsageError(TightropeError):
@@ -117,6 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         trainer_command=args.trainer,
         use_cache=not args.no_cache,
         min_score=args.min_score,
+        crashpoints=run_crashpoints,
     )
     if args.cores:
         options.cores = args.cores
@@ -136,6 +141,15 @@ def _run(args: argparse.Namespace) -> int:
         console.print("tightrope: interrupted; the scorecard is partial", highlight=False)
         return 130
     return 0 if result.passed else 1
+
+
+def run_crashpoints(
+    scenario: Scenario, out_dir: Path, cores: int, stop: threading.Event
+) -> ScenarioResult:
+    """A ``crashpoints:`` scenario (its engine imported only when one runs)."""
+    from harness.crashpoints.scenario import run_scenario
+
+    return run_scenario(scenario, out_dir, cores, stop)
 
 
 def interrupt(signum: int, frame: object) -> None:
