@@ -168,15 +168,17 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for s in chosen:
-        t = s.trainer
+        t, cp = s.trainer, s.crashpoints
         trainer = t.command or f"{t.preset} {t.model} {t.precision} x{t.world_size}"
         rows.append(
             [
                 s.name,
                 s.scored_class,
                 ", ".join(f"{f.kind}@{f.at_step or f.every or '?'}" for f in s.faults) or "-",
-                ", ".join(s.expect.checks()),
-                f"{trainer}, {t.steps} steps",
+                f"crash points, failing on {', '.join(cp.fail_on)}"
+                if cp
+                else ", ".join(s.expect.checks()),
+                cp.command if cp else f"{trainer}, {t.steps} steps",
                 f"{s.weight:g}",
             ]
         )

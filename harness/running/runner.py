@@ -277,7 +277,7 @@ class Runner:
         run = self.options.crashpoints
         if run is None:
             result = _unjudged(scenario)
-            result.error = "crashpoints scenarios run with `tightrope suite` or pytest only"
+            result.error = "crashpoints scenarios run with `tightrope run` or pytest only"
         elif self.options.stop.is_set():
             result = _unjudged(scenario)
             result.error = INTERRUPTED
