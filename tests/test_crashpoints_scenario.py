@@ -12,10 +12,12 @@ resume cannot read it), both shown without tightrope in `tests/test_crashpoints.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
+from harness.commands.main import main as tightrope
 from harness.suites.suite_loader import ScenarioError, parse_suite
 
 from .conftest import ROOT
@@ -150,3 +152,18 @@ def test_a_crashpoints_scenario_takes_no_trainer_faults_or_checks() -> None:
     assert alone.crashpoints is not None and alone.expect.checks() == []
     assert alone.crashpoints.fail_on == ["HARD_FAIL", "SILENT_DIVERGENCE"]
     assert alone.scored_class == "checkpoint"
+
+
+def test_tightrope_run_reports_a_job_that_cannot_run_as_the_scenarios_error(
+    tmp_path: Path,
+) -> None:
+    """`tightrope run` runs the block too; a fault-free run that fails is the scenario's
+    error (score 0), named, and the suite fails (no torch: the job exits at once)."""
+    fails = "{python} -c 'import sys; sys.exit(3)' {run_dir}"
+    path = tmp_path / "s.yaml"
+    path.write_text(f'scenarios:\n  - name: broken\n    crashpoints: {{command: "{fails}"}}\n')
+    out = tmp_path / "card"
+    assert tightrope(["run", str(path), "--scorecard", str(out), "--cores", "1"]) == 1
+    (scenario,) = json.loads((out / "scorecard.json").read_text())["scenarios"]
+    assert scenario["status"] == "error" and scenario["checks"] == []
+    assert "the fault-free run exited with 3" in scenario["error"]
