@@ -167,3 +167,32 @@ def test_tightrope_run_reports_a_job_that_cannot_run_as_the_scenarios_error(
     (scenario,) = json.loads((out / "scorecard.json").read_text())["scenarios"]
     assert scenario["status"] == "error" and scenario["checks"] == []
     assert "the fault-free run exited with 3" in scenario["error"]
+
+
+@pytest.mark.parametrize(
+    ("verdict", "deterministic", "status"),
+    [
+        ("HARD_FAIL", True, "failed"),
+        ("LOST_WORK", True, "passed"),  # not in the default fail_on
+        ("SILENT_DIVERGENCE", True, "failed"),
+        ("SILENT_DIVERGENCE", False, "not judged"),  # the job differs from itself
+        ("PASS", False, "passed"),
+    ],
+)
+def test_a_point_becomes_a_check_failed_by_fail_on(
+    verdict: str, deterministic: bool, status: str
+) -> None:
+    from harness.crashpoints.explore import PointResult
+    from harness.crashpoints.plan import FileEvent, Point
+    from harness.crashpoints.report import Matrix
+    from harness.crashpoints.scenario import point_check
+    from harness.crashpoints.verdict import Outcome
+
+    event = FileEvent(n=3, op="open", path="latest", tornable=True, wall=0.0, save_step=2)
+    outcome = Outcome(0, True, True, 1, False, None, 2, None, None, None, False)
+    result = PointResult(Point(4, 0, "torn", event), verdict, "why", outcome, 1.0)
+    matrix = Matrix(deterministic, 1.0, [result], 1, lambda i: f"tightrope crashpoints --only {i}")
+    check = point_check(result, matrix, ["HARD_FAIL", "SILENT_DIVERGENCE"])
+    assert check.name == "#4 torn open latest" and check.figure == verdict
+    assert check.status == status
+    assert ("--only 4" in check.detail) is (status == "failed")
