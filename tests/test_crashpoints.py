@@ -216,3 +216,24 @@ def test_a_point_is_met_by_its_event_not_by_its_number(tmp_path: Path) -> None:
             assert (run_dir / "ckpt").read_text() == f"step {k - 1}\n"
     others = [p for p in doc["points"] if p["event"]["path"] != "scratch.txt"]
     assert all(p["evidence"]["killed"] and p["evidence"]["event_matched"] for p in others)
+
+
+@pytest.mark.slow
+def test_a_job_that_differs_when_forked_runs_every_point_fresh(tmp_path: Path) -> None:
+    """The forked fault-free run writes a file the fresh ones did not (the job saw the warm
+    interpreter's imports), so the exploration must not trust the fork: a note says so, and
+    the point's runs (the killed one and its resume) were fresh (their own output says)."""
+    script = str(ROOT / "tests" / "trainers" / "forked_differs.py")
+    command = ["--", sys.executable, script, "--out", "{run_dir}"]
+    out = tmp_path / "cp"
+    _, doc = explore(out, "--max-points", "1", command=command)
+    forked_log = (out / "fault-free-forked" / "output.log").read_text()
+    assert "forked=True" in forked_log  # the fork was tried, and the job told it apart
+    assert "forked=False" in (out / "fault-free-1" / "output.log").read_text()
+    assert any("did not leave what a fresh one left" in n for n in doc["notes"]), doc["notes"]
+    (point,) = doc["points"]
+    folder = out / "points" / f"{point['index']:04d}-r0-{point['mode']}-{point['event']['n']}"
+    for log in ("crash.log", "resume.log"):
+        text = (folder / log).read_text()
+        assert "forked=False" in text and "forked=True" not in text, (log, text)
+    assert not (folder / "run" / "forked.txt").exists()

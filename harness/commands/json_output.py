@@ -53,6 +53,7 @@ def suite_document(suite: Suite, chosen: Sequence[Scenario], path: Path) -> dict
                 "checks": s.expect.checks(),
                 "trainer": s.trainer.model_dump(mode="json"),
                 "weight": s.weight,
+                "crashpoints": s.crashpoints.model_dump(mode="json") if s.crashpoints else None,
             }
             for s in chosen
         ],

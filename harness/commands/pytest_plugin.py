@@ -90,6 +90,7 @@ class _Session:
     """The plugin's per-session state: one runner, the results gathered for the scorecard."""
 
     def __init__(self, config: pytest.Config) -> None:
+        from harness.commands.suite import run_crashpoints
         from harness.running.runner import Runner, RunOptions
 
         scorecard = config.getoption("tightrope_scorecard")
@@ -99,6 +100,7 @@ class _Session:
             preset=config.getoption("tightrope_preset"),
             trainer_command=config.getoption("tightrope_trainer"),
             min_score=config.getoption("tightrope_min_score"),
+            crashpoints=run_crashpoints,
         )
         self.runner: Runner = Runner(self.options)
         self.results: list[ScenarioResult] = []

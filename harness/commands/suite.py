@@ -10,14 +10,18 @@ import argparse
 import json
 import re
 import signal
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.commands.executor_args import add_executor_args, chosen_executor
 from harness.errors import TightropeError
 from harness.suites.keywords import keyword_match
 from harness.suites.scenario import TRAINER_PRESETS, Scenario, Suite
 from harness.tables import Column, command_console, print_table
+
+if TYPE_CHECKING:
+    from harness.running.results import ScenarioResult
 
 
 class UsageError(TightropeError):
@@ -117,6 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         trainer_command=args.trainer,
         use_cache=not args.no_cache,
         min_score=args.min_score,
+        crashpoints=run_crashpoints,
     )
     if args.cores:
         options.cores = args.cores
@@ -138,6 +143,15 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+def run_crashpoints(
+    scenario: Scenario, out_dir: Path, cores: int, stop: threading.Event
+) -> ScenarioResult:
+    """A ``crashpoints:`` scenario (its engine imported only when one runs)."""
+    from harness.crashpoints.scenario import run_scenario
+
+    return run_scenario(scenario, out_dir, cores, stop)
+
+
 def interrupt(signum: int, frame: object) -> None:
     """SIGTERM's handler while a run goes on: it ends the run as Ctrl-C does."""
     raise KeyboardInterrupt
@@ -154,15 +168,17 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for s in chosen:
-        t = s.trainer
+        t, cp = s.trainer, s.crashpoints
         trainer = t.command or f"{t.preset} {t.model} {t.precision} x{t.world_size}"
         rows.append(
             [
                 s.name,
                 s.scored_class,
                 ", ".join(f"{f.kind}@{f.at_step or f.every or '?'}" for f in s.faults) or "-",
-                ", ".join(s.expect.checks()),
-                f"{trainer}, {t.steps} steps",
+                f"crash points, failing on {', '.join(cp.fail_on)}"
+                if cp
+                else ", ".join(s.expect.checks()),
+                cp.command if cp else f"{trainer}, {t.steps} steps",
                 f"{s.weight:g}",
             ]
         )

@@ -4,6 +4,7 @@ stderr, and the matrix."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,8 @@ class Options:
     reproduce: Callable[[int], str] = field(default=lambda i: f"--only {i}")
     #: Show a progress bar on stderr.
     progress: bool = True
+    #: Set to stop (a suite run stopped): running points are killed, none is begun.
+    stop: threading.Event | None = None
 
 
 def choose(points: list[Point], options: Options) -> list[Point]:
@@ -133,6 +136,7 @@ def _run(
             cores=options.cores,
             use_cache=options.use_cache,
             warm=warm,
+            halt=options.stop,
         )
     from harness.running.progress import SuiteProgress
 
@@ -157,4 +161,5 @@ def _run(
             started=begin,
             finished=end,
             warm=warm,
+            halt=options.stop,
         )

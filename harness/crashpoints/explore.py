@@ -323,12 +323,13 @@ def run_points(
     started: Callable[[Point], Any] | None = None,
     finished: Callable[[PointResult, Any], None] | None = None,
     warm: Callable[[], Zygote | None] | None = None,
+    halt: threading.Event | None = None,
 ) -> list[PointResult]:
     """Every point of ``points`` (cached ones taken as they are), in parallel, forked from
     the zygote ``warm`` gives (called once, at the first point not cached; closed at the
     end). Stopped (Ctrl-C), the running points' jobs are killed and nothing of them is
-    kept."""
-    halt = threading.Event()
+    kept; so too once ``halt`` is set (a suite run stopped)."""
+    halt = halt if halt is not None else threading.Event()
     zygotes: list[Zygote | None] = []
     lock = threading.Lock()
 

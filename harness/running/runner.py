@@ -42,6 +42,9 @@ from harness.running.run_lock import RunDirLock
 from harness.running.sampling import take_samples
 from harness.suites.scenario import Scenario, Suite, TrainerSpec
 
+#: (scenario, out dir, cores it may fill, stop) -> its result, on this machine.
+CrashpointsRunner = Callable[[Scenario, Path, int, threading.Event], ScenarioResult]
+
 
 @dataclass(slots=True)
 class RunOptions:
@@ -62,6 +65,9 @@ class RunOptions:
     stop: threading.Event = field(default_factory=threading.Event)
     #: Where runs execute; None: this machine, within ``cores`` (`LocalExecutor`).
     executor: Executor | None = None
+    #: How a scenario with a ``crashpoints:`` block runs (`harness.crashpoints.scenario`),
+    #: passed in by the commands: that room imports this one, not the other way.
+    crashpoints: CrashpointsRunner | None = None
 
 
 def with_overrides(scenario: Scenario, options: RunOptions) -> Scenario:
@@ -196,6 +202,8 @@ class Runner:
 
     def scenario(self, scenario: Scenario) -> ScenarioResult:
         """Run one scenario (its baseline first when a check needs one) and judge it."""
+        if scenario.crashpoints is not None:
+            return self._crashpoints(scenario, scenario.crashpoints.cores)
         spec, out = scenario.trainer, self.options.out_dir
         cores = self.executor.take(spec.world_size)
         started = time.monotonic()
@@ -261,6 +269,25 @@ class Runner:
             self.executor.give(cores)
             result.seconds = time.monotonic() - started
             finish(_line(result))
+        return result
+
+    def _crashpoints(self, scenario: Scenario, cores: int) -> ScenarioResult:
+        """A crash-point exploration, within ``cores`` of the run's cores."""
+        _, finish = self._bar(scenario.name, 1)
+        run = self.options.crashpoints
+        if run is None:
+            result = _unjudged(scenario)
+            result.error = "crashpoints scenarios run with `tightrope run` or pytest only"
+        elif self.options.stop.is_set():
+            result = _unjudged(scenario)
+            result.error = INTERRUPTED
+        else:
+            taken = self.executor.take(cores)
+            try:
+                result = run(scenario, self.options.out_dir, taken, self.options.stop)
+            finally:
+                self.executor.give(taken)
+        finish(_line(result))
         return result
 
     def _baseline(self, scenario: Scenario, result: ScenarioResult) -> Journal | None:

@@ -30,6 +30,7 @@ from harness.mechanisms import MECHANISMS, OPT_IN
 from harness.optimizers import OPTIMIZERS
 from harness.oracles import ORACLES
 from harness.records.detectors import check_detectors
+from harness.suites.crashpoints_spec import CrashpointsSpec
 
 #: Trainer presets the harness knows by name: the reference trainer with every stability
 #: mechanism on, and the same trainer with all of them off (the negative control).
@@ -326,8 +327,11 @@ class Scenario(_Model):
     )
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     faults: list[FaultSpec] = Field(default_factory=list)
-    expect: Expect
+    expect: Expect = Field(default_factory=Expect)
     weight: float = Field(default=1.0, gt=0, le=100)
+    crashpoints: CrashpointsSpec | None = Field(
+        default=None, description="A crash-point exploration instead of trainer and faults."
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -352,6 +356,8 @@ class Scenario(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
+        if self.crashpoints is not None:  # its checks are its points; it runs no trainer
+            return self
         if not self.expect.checks():
             raise ValueError("expect asks for no check; a scenario needs at least one")
         steps = self.trainer.steps
@@ -404,7 +410,7 @@ class Scenario(_Model):
         if self.fault_class is not None:
             return self.fault_class
         if not self.faults:
-            return "none"
+            return "checkpoint" if self.crashpoints is not None else "none"
         return self.faults[0].fault_class
 
     def plan(self) -> dict[str, Any]:

@@ -15,11 +15,14 @@ from pydantic import ValidationError
 
 from faults import FaultSpec, kinds, yaml_input
 from harness.errors import TightropeError
+from harness.suites.crashpoints_spec import CrashpointsSpec
 from harness.suites.scenario import Expect, Scenario, Suite, SuiteDefaults, TrainerSpec
 
 Path_ = tuple[str | int, ...]
 
 _SUITE_KEYS = {"suite", "description", "defaults", "scenarios"}
+#: A scenario's blocks whose unknown fields are named with the fields they have.
+_BLOCKS: dict[str, type[Any]] = {"trainer": TrainerSpec, "crashpoints": CrashpointsSpec}
 
 
 class ScenarioError(TightropeError):
@@ -85,10 +88,10 @@ def _explain(err: Any, loc: Path_, model: type[Any]) -> str:
         field = loc[-1] if loc else "?"
         if model is Scenario and len(loc) == 2 and loc[0] == "expect":
             return f"unknown check {field!r}; expected one of {', '.join(Expect.model_fields)}"
-        if model is Scenario and len(loc) == 2 and loc[0] == "trainer":
+        if model is Scenario and len(loc) == 2 and loc[0] in _BLOCKS:
             return (
-                f"unknown trainer field {field!r}; expected one of "
-                f"{', '.join(TrainerSpec.model_fields)}"
+                f"unknown {loc[0]} field {field!r}; expected one of "
+                f"{', '.join(_BLOCKS[str(loc[0])].model_fields)}"
             )
         return f"unknown field {field!r}"
     if loc and "input" in err and err["type"] != "missing":
@@ -130,6 +133,31 @@ def _parse_faults(raw: Any, base: Path_, out: Problems) -> list[FaultSpec] | Non
     return specs if ok else None
 
 
+#: What a scenario with a ``crashpoints:`` block does not take: its block names the job.
+_NOT_WITH_CRASHPOINTS = ("trainer", "faults", "expect")
+
+
+def _add_crashpoints(
+    item: dict[str, Any], base: Path_, out: Problems, into: list[Scenario]
+) -> None:
+    """A crash-point scenario (`harness.suites.crashpoints_spec`): the suite's default
+    trainer and checks do not apply to it; its own ``trainer``, ``faults`` or ``expect`` is
+    an error."""
+    wrong = [key for key in _NOT_WITH_CRASHPOINTS if key in item]
+    for key in wrong:
+        out.add(
+            (*base, key),
+            "not with crashpoints: the block names the job's command, and its points are "
+            "its checks",
+        )
+    if wrong:
+        return
+    try:
+        into.append(Scenario.model_validate(item))
+    except ValidationError as exc:
+        out.add_validation(base, exc, Scenario)
+
+
 def parse_suite(data: Any, source: str, lines: Mapping[Path_, int] | None = None) -> Suite:
     """Validate a suite given as plain data (what the YAML file holds)."""
     out = Problems(source, lines or {})
@@ -146,11 +174,14 @@ def parse_suite(data: Any, source: str, lines: Mapping[Path_, int] | None = None
     if not isinstance(raw, list) or not raw:
         out.add(("scenarios",), "expected a non-empty list of scenarios")
         raw = []
-    scenarios = []
+    scenarios: list[Scenario] = []
     for i, item in enumerate(raw):
         base: Path_ = ("scenarios", i)
         if not isinstance(item, dict):
             out.add(base, "expected a mapping (name, trainer, faults, expect)")
+            continue
+        if "crashpoints" in item:
+            _add_crashpoints(item, base, out, scenarios)
             continue
         faults = _parse_faults(item.get("faults"), (*base, "faults"), out)
         merged = {
