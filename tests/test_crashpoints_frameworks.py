@@ -155,6 +155,9 @@ def test_hf_trainer_resumes_into_its_incomplete_newest_folder_and_dies(tmp_path:
     reference = uninterrupted(command, tmp_path / "plain")
     run = explore(tmp_path / "cp", command, "--max-points", "2")
     seen = check_each_point(run, reference)
+    # Its points were forked from the warm interpreter: the forked fault-free run saw the
+    # Trainer's model.safetensors save, which it binds when transformers is imported.
+    assert run.doc["notes"] == [], run.doc["notes"]
 
     hard = [p for p in run.doc["points"] if p["verdict"] == "HARD_FAIL"]
     assert hard, run.output[-2000:]

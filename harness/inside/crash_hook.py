@@ -105,7 +105,7 @@ def _relative(path: object) -> str | None:
     """``path`` relative to the run dir, or None when outside it or ignored."""
     if isinstance(path, bytes):
         path = os.fsdecode(path)
-    if not isinstance(path, (str, os.PathLike)):
+    if not isinstance(path, (str, os.PathLike)) or not _state.watch:  # not armed yet
         return None
     where = os.path.abspath(os.fspath(path))
     if where != _state.watch and not where.startswith(_state.watch + os.sep):
@@ -274,8 +274,9 @@ def _wrap_writer(original: Callable[..., Any], op: str, position: int, keyword: 
     return save
 
 
-def _patch_writers() -> None:
-    """Wrap torch.save and safetensors' save_file, where loaded and not yet wrapped."""
+def wrap_writers() -> None:
+    """Wrap torch.save and safetensors' save_file, where loaded and not yet wrapped; until
+    `arm_from_env`, the wrappers count nothing and pass straight through."""
     torch: Any = sys.modules.get("torch")
     if torch is not None and not getattr(torch.save, "_tightrope_crash", False):
         save = _wrap_writer(torch.save, "torch.save", 1, "f")
@@ -312,7 +313,7 @@ class _AfterImport(MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             load(module)
-            _patch_writers()
+            wrap_writers()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -341,7 +342,7 @@ def arm_from_env() -> None:
     builtins.open = wrapper
     io.open = wrapper
     os.replace = _wrap_replace(os.replace)
-    _patch_writers()
+    wrap_writers()
     sys.meta_path.insert(0, _AfterImport())
     sys.addaudithook(_audit)
     if _state.at is None:

@@ -198,7 +198,7 @@ def _patch(owner: object, name: str, wrapper: Callable[..., Any]) -> None:
         setattr(owner, name, wrapper)
 
 
-def _install() -> None:
+def install_wrappers() -> None:
     """Wrap the save and load functions (once; they pass straight through with no listener)."""
     import torch.serialization as serialization
 
@@ -257,7 +257,7 @@ class _AfterImport(MetaPathFinder):
 
 def add_file_listener(listener: FileListener) -> None:
     """Tell ``listener`` of every file saved or loaded from now on."""
-    _install()
+    install_wrappers()
     if listener not in _listeners:
         _listeners.append(listener)
 

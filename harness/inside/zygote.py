@@ -4,7 +4,9 @@ resume do not each pay Python's start and torch's import (most of a small job's 
 
 The driver (`harness.crashpoints.zygote`) starts it with the job's own interpreter and the
 job's environment less what differs from run to run, as
-``python -c "from harness.inside.zygote import serve; serve()"``; it imports torch (nothing
+``python -c "from harness.inside.zygote import serve; serve()"``; it imports torch, wraps
+the save and load functions as a fresh start does before the program's first import
+(passing straight through until a child arms them), imports the driver's preload (nothing
 of the program, nothing of tightrope's agent beyond its import), then reads requests, one
 JSON line each on stdin (``{"id", "argv", "env", "cwd", "log"}``), and answers on stdout
 ``{"id", "pid"}`` once forked and ``{"id", "exit"}`` when the child ended (the exit status,
@@ -39,6 +41,34 @@ from typing import Any
 PRELOAD = ("torch", "torch._dynamo")
 
 
+#: The agent's module, in the driver's preload when the job runs through the agent.
+AGENT = "harness.inside.exec_runtime"
+
+
+def _import(names: tuple[str, ...]) -> None:
+    for name in names:
+        if name not in sys.modules:
+            try:
+                __import__(name)
+            except Exception:  # the program imports it its own way, if at all
+                sys.modules.pop(name, None)
+
+
+def _wrap_savers(*, attached: bool) -> None:
+    """Wrap the save and load functions as a fresh start wraps them before the program's
+    first import (the agent's, then the crash hook's around them), before any installed
+    module is preloaded: one that binds a saver when imported (transformers binds
+    safetensors' ``save_file`` and ``load_file``) must bind the wrapper, or every child's
+    saves through it would go unseen. They pass straight through until a child arms them."""
+    if attached:
+        from harness.inside.files import install_wrappers
+
+        install_wrappers()
+    from harness.inside.crash_hook import wrap_writers
+
+    wrap_writers()
+
+
 def _exit_status(status: int) -> int:
     if os.WIFSIGNALED(status):
         return -os.WTERMSIG(status)
@@ -59,12 +89,9 @@ def serve(path: list[str], preload: tuple[str, ...] = ()) -> None:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    for name in (*PRELOAD, *preload):
-        if name not in sys.modules:
-            try:
-                __import__(name)
-            except Exception:  # the program imports it its own way, if at all
-                sys.modules.pop(name, None)
+    _import(PRELOAD)
+    _wrap_savers(attached=AGENT in preload)
+    _import(preload)
     children: dict[int, object] = {}
     selector = selectors.DefaultSelector()
     selector.register(inp, selectors.EVENT_READ)
