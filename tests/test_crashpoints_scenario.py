@@ -164,7 +164,9 @@ def test_tightrope_run_reports_a_job_that_cannot_run_as_the_scenarios_error(
     path.write_text(f'scenarios:\n  - name: broken\n    crashpoints: {{command: "{fails}"}}\n')
     out = tmp_path / "card"
     assert tightrope(["run", str(path), "--scorecard", str(out), "--cores", "1"]) == 1
-    (scenario,) = json.loads((out / "scorecard.json").read_text())["scenarios"]
+    card = json.loads((out / "scorecard.json").read_text())
+    assert card["preset"] == "command"  # the job's own command, not the reference trainer
+    (scenario,) = card["scenarios"]
     assert scenario["status"] == "error" and scenario["checks"] == []
     assert "the fault-free run exited with 3" in scenario["error"]
 

@@ -400,5 +400,7 @@ def wait_or_stop(futures: Sequence[Future[Any]], stop: threading.Event) -> bool:
 
 
 def _presets(scenarios: Sequence[Scenario]) -> str:
-    names = {(s.trainer.command and "command") or s.trainer.preset for s in scenarios}
+    names = {
+        "command" if s.trainer.command or s.crashpoints else s.trainer.preset for s in scenarios
+    }
     return names.pop() if len(names) == 1 else "mixed"
