@@ -20,8 +20,8 @@ from typing import Any
 
 from harness.commands.suite import _cores, interrupt
 from harness.crashpoints.verdict import VERDICTS
+from harness.suites.crashpoints_spec import DEFAULT_FAIL_ON, DEFAULT_GRACE, DEFAULT_TIMEOUT
 
-DEFAULT_FAIL_ON = ("HARD_FAIL", "SILENT_DIVERGENCE")
 PLACEHOLDER = "{run_dir}"
 
 
@@ -82,7 +82,7 @@ def add_commands(commands: Any) -> None:
         help="ranks of the job (the command includes its torchrun); each in turn dies",
     )  # fmt: skip
     p.add_argument(
-        "--grace", type=_positive(float), default=3.0, metavar="SECONDS",
+        "--grace", type=_positive(float), default=DEFAULT_GRACE, metavar="SECONDS",
         help="how long the other ranks go on after one dies (default: 3)",
     )  # fmt: skip
     p.add_argument(
@@ -90,7 +90,7 @@ def add_commands(commands: Any) -> None:
         help="how the job restarts (default: the train command again)",
     )  # fmt: skip
     p.add_argument(
-        "--timeout", type=_positive(float), default=600.0, metavar="SECONDS",
+        "--timeout", type=_positive(float), default=DEFAULT_TIMEOUT, metavar="SECONDS",
         help="a run past this is killed; a resume past it is a HARD_FAIL (default: 600)",
     )  # fmt: skip
     p.add_argument("--no-cache", action="store_true", help="run every point again")
@@ -154,7 +154,7 @@ def commands_of(args: argparse.Namespace) -> tuple[list[str], list[str], bool]:
 def reproduction(args: argparse.Namespace, out: Path) -> Any:
     """index -> the command line that runs that one point again."""
     head = ["tightrope", "crashpoints", "--out", str(out)]
-    defaults = {"ranks": 1, "grace": 3.0, "timeout": 600.0}
+    defaults = {"ranks": 1, "grace": DEFAULT_GRACE, "timeout": DEFAULT_TIMEOUT}
     for flag in ("ranks", "grace", "timeout", "preset", "steps", "checkpoint_every", "seed"):
         value = getattr(args, flag)
         if value is not None and value != defaults.get(flag):

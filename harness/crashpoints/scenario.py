@@ -23,7 +23,7 @@ from harness.crashpoints.report import Matrix, write_matrix
 from harness.oracles.verdict import Check
 from harness.running.results import ScenarioResult
 from harness.running.runner import INTERRUPTED
-from harness.suites.crashpoints_spec import CrashpointsSpec
+from harness.suites.crashpoints_spec import DEFAULT_GRACE, DEFAULT_TIMEOUT, CrashpointsSpec
 from harness.suites.scenario import Scenario
 
 
@@ -32,9 +32,9 @@ def reproduction(spec: CrashpointsSpec, out: Path) -> Callable[[int], str]:
     head = ["tightrope", "crashpoints", "--out", str(out)]
     if spec.ranks != 1:
         head += ["--ranks", str(spec.ranks)]
-    if spec.grace != 3.0:
+    if spec.grace != DEFAULT_GRACE:
         head += ["--grace", f"{spec.grace:g}"]
-    if spec.timeout != 600.0:
+    if spec.timeout != DEFAULT_TIMEOUT:
         head += ["--timeout", f"{spec.timeout:g}"]
     if spec.resume_command is not None:
         head += ["--resume-command", shlex.join(spec.resume_argv())]

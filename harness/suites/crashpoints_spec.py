@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 CRASH_VERDICTS = ("HARD_FAIL", "SILENT_DIVERGENCE", "LOST_WORK", "PASS")
 #: The verdicts that fail a scenario unless ``fail_on`` says otherwise (the CLI's default).
 DEFAULT_FAIL_ON = ("HARD_FAIL", "SILENT_DIVERGENCE")
+#: Seconds the other ranks go on after one dies, and a run's limit (the CLI's defaults too).
+DEFAULT_GRACE, DEFAULT_TIMEOUT = 3.0, 600.0
 RUN_DIR = "{run_dir}"
 
 
@@ -58,10 +60,12 @@ class CrashpointsSpec(BaseModel):
     )
     cores: int = Field(default=1, ge=1, le=1024, description="Points run at once x ranks.")
     grace: float = Field(
-        default=3.0, gt=0, description="Seconds the other ranks go on after one dies."
+        default=DEFAULT_GRACE, gt=0, description="Seconds the other ranks go on after one dies."
     )
     timeout: float = Field(
-        default=600.0, gt=0, description="A run past this is killed; a resume past it fails."
+        default=DEFAULT_TIMEOUT,
+        gt=0,
+        description="A run past this is killed; a resume past it fails.",
     )
 
     @field_validator("command")
