@@ -22,49 +22,51 @@ def _ok(proc: object) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]  # type: ignore[attr-defined]
 
 
-def test_two_rank_resume_is_bit_exact(tmp_path: Path) -> None:
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    common = [*TINY, "--steps", "40", "--checkpoint-every", "20"]
-    _ok(torchrun(2, *common, "--run-dir", str(straight)))
-    _ok(torchrun(2, *common, "--stop-after", "20", "--run-dir", str(split)))
-    latest = split / "checkpoints" / "step-00000020"
+BATCH_OF_4 = [*TINY, "--steps", "10", "--batch-size", "4", "--checkpoint-every", "5"]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ranks, 4 sequences each, 10 steps, a checkpoint every 5: the uninterrupted run
+    of the resume test and the two-rank side of the comparisons with one rank."""
+    run_dir = tmp_path_factory.mktemp("ddp") / "run"
+    _ok(torchrun(2, *BATCH_OF_4, "--run-dir", str(run_dir)))
+    return run_dir
+
+
+def test_two_rank_resume_is_bit_exact(ddp_run: Path, tmp_path: Path) -> None:
+    straight, split = ddp_run, tmp_path / "split"
+    _ok(torchrun(2, *BATCH_OF_4, "--stop-after", "5", "--run-dir", str(split)))
+    latest = split / "checkpoints" / "step-00000005"
     assert sorted(p.name for p in latest.iterdir()) == [
         "manifest.json",
         "rng-rank-0.pt",
         "rng-rank-1.pt",
         "state.pt",
     ]
-    _ok(torchrun(2, *common, "--resume", "--run-dir", str(split)))
+    _ok(torchrun(2, *BATCH_OF_4, "--resume", "--run-dir", str(split)))
 
     a, b = read_journal(straight), read_journal(split)
     assert a.ranks == b.ranks == [0, 1]
+    # The split run stopped after step 5 and its second launch trained steps 6 to 10.
+    loaded = [Path(e["path"]).name for e in b.of_kind("checkpoint_loaded") if e.rank == 0]
+    assert loaded == ["step-00000005"]
     # Negative control of the straggler scores and the collective watchdog: clean runs
     # name nobody, and both ranks entered the same number of all-reduces.
     assert [e for e in (*a, *b) if e.kind == "rank_blamed"] == []
     seqs = counts(straight, 2, 0)
-    assert len(seqs) == 2 and culprits(seqs, 2) == [] and seqs[0] > 40
+    assert len(seqs) == 2 and culprits(seqs, 2) == [] and seqs[0] > 10
     for rank in (0, 1):
-        assert len(a.losses(rank)) == 40
+        assert len(a.losses(rank)) == 10
         assert a.losses(rank) == b.losses(rank)
-        local = [a.steps(rank)[s]["local_loss"] for s in range(1, 41)]
-        assert local == [b.steps(rank)[s]["local_loss"] for s in range(1, 41)]
+        local = [a.steps(rank)[s]["local_loss"] for s in range(1, 11)]
+        assert local == [b.steps(rank)[s]["local_loss"] for s in range(1, 11)]
     # The two ranks trained on different shards but agree on the global loss.
     assert a.steps(0)[5]["local_loss"] != a.steps(1)[5]["local_loss"]
     assert a.losses(0) == a.losses(1)
     sa, sb = final_state(straight), final_state(split)
     assert_same_tensors(sa["model"], sb["model"], "model")
     assert_same_tensors(sa["optimizer"], sb["optimizer"], "optimizer")
-
-
-BATCH_OF_4 = [*TINY, "--steps", "10", "--batch-size", "4"]
-
-
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two ranks, 4 sequences each, 10 steps."""
-    run_dir = tmp_path_factory.mktemp("ddp") / "run"
-    _ok(torchrun(2, *BATCH_OF_4, "--run-dir", str(run_dir)))
-    return run_dir
 
 
 def test_two_ranks_match_one_rank_with_gradient_accumulation(ddp_run: Path, tmp_path: Path) -> None:
