@@ -1,6 +1,7 @@
-"""torchrun restarts, three in a row on 2 ranks: each one rejoins the process group at the
-first try, resumes from the latest checkpoint, names the rank it lost, and the run ends
-exactly where an uninterrupted one does."""
+"""torchrun restarts, two in a row on 2 ranks (rank 1 lost, then rank 0 in the restarted
+job): each one rejoins the process group at the first try, resumes from the latest
+checkpoint, names the rank it lost, and the run ends exactly where an uninterrupted one
+does."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from harness.records.journal import Journal, read_journal
 
 from .conftest import torchrun
 
-ARGS = ("--preset", "tiny", "--steps", "30", "--checkpoint-every", "5")
-KILLS = [(8, 1), (16, 0), (24, 1)]  # (step, rank)
+ARGS = ("--preset", "tiny", "--steps", "20", "--checkpoint-every", "5")
+KILLS = [(8, 1), (16, 0)]  # (step, rank)
 
 
 def journal(run_dir: Path) -> Journal:
@@ -23,7 +24,7 @@ def journal(run_dir: Path) -> Journal:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_three_kills_three_restarts_and_the_same_result(tmp_path: Path) -> None:
+def test_two_kills_two_restarts_and_the_same_result(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     faults = [{"kind": "kill", "at_step": step, "ranks": [rank]} for step, rank in KILLS]
     plan.write_text(yaml.safe_dump({"faults": faults}))
@@ -36,7 +37,7 @@ def test_three_kills_three_restarts_and_the_same_result(tmp_path: Path) -> None:
 
     events = journal(tmp_path / "k")
     restarts = [e for e in events.of_kind("restart") if e.rank == 0]
-    assert [e["count"] for e in restarts] == [1, 2, 3]
+    assert [e["count"] for e in restarts] == [1, 2]
     # Each restart loads the newest checkpoint that had become durable before its kill: at
     # least the newest journaled as saved by then, and none past the kill's step (a save
     # published in the background just before the kill may not have been journaled yet).
