@@ -1,4 +1,4 @@
-"""`tightrope soak` end to end against the reference trainer: a soak of about a minute
+"""`tightrope soak` end to end against the reference trainer: a short soak on two ranks
 that holds every invariant and reports what the faults cost, and the fragile trainer, whose
 broken invariant is shrunk to one fault that replays; a checkpoint fault with nothing to
 damage is skipped, not a crash loop."""
@@ -41,19 +41,22 @@ def _soak(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[int, str, d
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_one_minute_soak_holds_every_invariant_and_measures_what_faults_cost(
+def test_a_short_soak_holds_every_invariant_and_measures_what_faults_cost(
     tmp_path: Path,
 ) -> None:
-    # 300 steps at 0.04 faults a step: under a minute of soak on a quiet machine, as many
-    # faults planned as 600 steps at 0.02 (7 for this seed: as many recoveries, half the
-    # clean steps between them, half the fault-free run); given as steps, not minutes, so
-    # that no calibration run adds to it (the fragile test has one).
+    # 150 steps at 0.04 faults a step, three checkpoints (half the 300 steps this soak had
+    # before; each step also trains in the fault-free run, on both ranks). This seed plans
+    # 4 faults, all of which strike: gradient underflows at 51 and 110, both ranks killed
+    # at 75 (a torchrun restart that loads the step-50 checkpoint, so a load is judged and
+    # a recovery timed) and a truncation of the step-100 checkpoint at 111 (left latent).
+    # None makes the trainer skip a step, so every step is kept. Given as steps, not
+    # minutes, so that no calibration run adds to it (the fragile test has one).
     # The kinds this seed's plan was drawn from when it was chosen: the crashing, wedged and
     # fail-slow kinds the soak draws by default since (each a torchrun restart or a wait of
     # its own) are held to the invariants by test_soak_properties.py and test_crash_recovery.py.
     kinds = ",".join(k for k in soak_kinds() if k not in CRASH_AND_SLOW)
     code, output, card = _soak(
-        tmp_path, "--steps", "300", "--seed", "3", "--rate", "0.04", "--kinds", kinds
+        tmp_path, "--steps", "150", "--seed", "206", "--rate", "0.04", "--kinds", kinds
     )
     assert code == 0, output[-4000:]
     (soak,) = card["scenarios"]  # type: ignore[index]
@@ -83,13 +86,13 @@ def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replay
     tmp_path: Path,
 ) -> None:
     # A second of soak: less than any calibrated length, so the soak trains its shortest,
-    # two checkpoints (100 steps, whatever the machine's speed; seed 5 draws NaN gradients
-    # at steps 38 and 41); the calibration run still measures the step rate. One rank: what
-    # is shown here (a broken invariant, its shrinking, the replay) does not need two, and
-    # the soak of two ranks is the test above.
+    # two checkpoints (40 steps with a checkpoint every 20, whatever the machine's speed;
+    # seed 5 at 0.05 a step draws NaN gradients at steps 15 and 17); the calibration run
+    # still measures the step rate. One rank: what is shown here (a broken invariant, its
+    # shrinking, the replay) does not need two, and the soak of two ranks is the test above.
     code, output, card = _soak(
-        tmp_path, "--minutes", "0.02", "--rate", "0.02", "--seed", "5", "--kinds", "nan_grad",
-        "--preset", "fragile", "--world-size", "1",
+        tmp_path, "--minutes", "0.02", "--rate", "0.05", "--seed", "5", "--kinds", "nan_grad",
+        "--preset", "fragile", "--world-size", "1", "--checkpoint-every", "20",
     )  # fmt: skip
     assert code == 1, output[-4000:]
     soak, minimal = card["scenarios"]  # type: ignore[misc]
@@ -102,7 +105,7 @@ def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replay
     assert [f.kind for f in scenario.faults] == ["nan_grad"]
     assert scenario.expect.checks() == ["kept_params_finite"]
     assert minimal["status"] == "failed" and len(soak["spec"]["faults"]) > 1
-    assert soak["metrics"]["steps"] == 100
+    assert soak["metrics"]["steps"] == 40
     assert soak["metrics"]["calibrated_seconds_per_step"] > 0
     # Replayed by the suite runner: it breaks again.
     again = run_module(
