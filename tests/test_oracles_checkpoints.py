@@ -17,6 +17,7 @@ from faults.checkpoint import (
 )
 from faults.injector import Injection
 from harness.oracles import NoCorruptCheckpointLoadedOracle
+from harness.oracles.manifests import inspect_checkpoint
 from harness.oracles.verdict import Check
 from harness.run_layout import RunLayout
 from reference_trainer.checkpoints.manifest import write_manifest
@@ -232,3 +233,36 @@ def test_a_load_that_raised_loaded_nothing_corrupt(tmp_path: Path) -> None:
     run.emit("file_loaded", 16, path=snap, sha256="c", saved_step=16, intact=False)
     check = NoCorruptCheckpointLoadedOracle().judge(run.steps(17, TARGET).end().evidence())
     assert not check.passed and check.figure == 1
+
+
+def flipped_and_loaded(run_dir: Path, flips: int) -> tuple[Check, bytes]:
+    """Two ranks at step 21; ``flips`` ranks each apply the same seeded bit flip to the
+    step-20 delta (a fault scoped to every rank of a shared folder), then at step 25 both
+    load it, each journaling the agent's own check of the folder then (as the agent does).
+    Returns the check and the delta's bytes as loaded."""
+    run = saved_run(run_dir, world_size=2).steps(21, 21)
+    flip = BitflipFileInjector(BitflipFileSpec(at_step=1, checkpoint=DELTA))
+    for rank in range(flips):
+        journal_damage(run, 21, damage(flip, run_dir), rank=rank)
+    folder = run_dir / "checkpoints" / DELTA
+    run.steps(22, 25)
+    for rank in (0, 1):
+        state = inspect_checkpoint(folder)
+        run.emit("checkpoint_loaded", 25, rank, path=str(folder), verified=state.status)
+    run.steps(21, TARGET).end()
+    loaded = (folder / "delta.bin").read_bytes()
+    return NoCorruptCheckpointLoadedOracle().judge(run.evidence()), loaded
+
+
+def test_a_bit_flipped_twice_is_back_and_its_load_is_intact(tmp_path: Path) -> None:
+    # Both ranks flipped the same bit of the one shared file: the bytes the ranks loaded
+    # are the bytes saved, whatever the two fault records say.
+    check, loaded = flipped_and_loaded(tmp_path / "twice", flips=2)
+    assert loaded == b"delta" * 300
+    assert check.passed, check.detail
+    assert check.figures == {"loads": 2, "unverifiable": 0}
+    # Negative control: flipped once, the bytes loaded differ from those saved.
+    check, loaded = flipped_and_loaded(tmp_path / "once", flips=1)
+    assert loaded != b"delta" * 300
+    assert not check.passed and check.figure == 2
+    assert "bitflip_file hit step-00000020 at step 21" in check.detail

@@ -175,7 +175,11 @@ def _judge_load(
 ) -> tuple[Literal["intact", "corrupt", "unverifiable"], str]:
     """Whether one load was of a corrupt checkpoint, and why; unverifiable when the files
     are gone, or were damaged or saved again after the load, or damaged by a fault that
-    raced it (nothing then shows whether the bytes it read were damaged)."""
+    raced it (nothing then shows whether the bytes it read were damaged).
+
+    The bytes decide, not the fault's record: when the agent's check of the folder at the
+    load found every file as saved, the load was intact even after a fault hit it (two
+    ranks flipping the same bit of a shared file put it back)."""
     wall = load.event.wall
 
     def saved(name: str, after: float, before: float) -> bool:
@@ -184,7 +188,7 @@ def _judge_load(
             for s in saves
         )
 
-    raced = ""
+    hit = raced = ""
     for fault, paths in hits:
         if fault.wall >= wall:
             continue
@@ -194,12 +198,15 @@ def _judge_load(
                 continue
             why = f"{fault.get('fault', 'a fault')} hit {name} at step {fault.step}"
             if not _raced(fault, load.event):
-                return "corrupt", why
-            raced = raced or f"{why} on rank {fault.rank} while rank {load.event.rank} loaded it"
+                hit = hit or why
+            elif not raced:
+                raced = f"{why} on rank {fault.rank} while rank {load.event.rank} loaded it"
     # The agent checked the folder when it was loaded: that outlives the folder itself.
     recorded = load.event.get("verified")
     if recorded == "intact":
         return "intact", ""
+    if hit:
+        return "corrupt", hit
     if raced:
         # The agent's check, made after the read, saw the damage, not the bytes read.
         return "unverifiable", raced
