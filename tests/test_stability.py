@@ -6,6 +6,7 @@ visibly breaks the run."""
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,12 @@ import pytest
 
 from faults import build_injector, parse_fault
 from faults.injector import Injection
+from harness.records.journal import Journal
 from harness.run_layout import RunLayout
+from reference_trainer.config import TrainConfig
 from reference_trainer.errors import CheckpointError, TrainingFailed
 from reference_trainer.model.optim import peak_lr
+from reference_trainer.train import RunResult
 
 from .stability_support import claims, config, final_loss, finite_at_end, near, run
 
@@ -50,7 +54,8 @@ def test_nonfinite_guard_skips_the_poisoned_step(tmp_path: Path, clean_fp32: flo
 
 
 def test_without_the_guard_nan_reaches_the_weights(tmp_path: Path) -> None:
-    _, journal = run(tmp_path, config(steps=40, disable=("nonfinite_guard", "recovery")), NAN_AT_12)
+    # 20 steps: the parameter check of step 20 finds the NaN still there.
+    _, journal = run(tmp_path, config(steps=20, disable=("nonfinite_guard", "recovery")), NAN_AT_12)
     assert journal.steps()[12]["params_finite"] is False
     assert math.isnan(final_loss(journal)) and not finite_at_end(journal)
     assert not claims(journal, "detected", "nonfinite_guard")
@@ -96,9 +101,9 @@ def test_recovery_escalates_through_every_level_then_stops_with_a_diagnosis(
 
 def test_without_recovery_a_lasting_fault_stalls_training(tmp_path: Path) -> None:
     faults = [{"kind": "inf_grad", "at_step": 12, "every": 1}]
-    _, journal = run(tmp_path, config(steps=40, disable=("recovery",)), faults)
+    _, journal = run(tmp_path, config(steps=30, disable=("recovery",)), faults)
     skipped = [s for s, e in journal.steps().items() if e["skipped"]]
-    assert skipped == list(range(12, 41))  # every step after the fault lost, unnoticed
+    assert skipped == list(range(12, 31))  # every step after the fault lost, unnoticed
     assert not claims(journal, "recovered")
     # diagnosis.md names the problem layer, but no recovery gave up.
     assert "recovery exhausted" not in (tmp_path / "diagnosis.md").read_text()
@@ -163,9 +168,28 @@ def test_level_two_skips_the_failing_data_only_when_asked(tmp_path: Path) -> Non
 
 
 @pytest.fixture(scope="module")
-def clean_60_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def first_30(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Steps 1-30 of a fault-free 60-step run, stopped with its checkpoint at 30: the part
+    the 60-step runs below share (their faults come at step 35; a run resumed from it is
+    bit-exact with one that never stopped: same losses, same claims)."""
+    run_dir = tmp_path_factory.mktemp("first30") / "run"
+    run(run_dir, config(steps=60), stop_after=30)
+    return run_dir
+
+
+def from_30(
+    first_30: Path, run_dir: Path, cfg: TrainConfig, faults: list[dict[str, Any]]
+) -> tuple[RunResult, Journal]:
+    """Steps 31-60 of ``cfg`` with ``faults``, resumed from a copy of `first_30`; the
+    journal holds all 60."""
+    shutil.copytree(first_30, run_dir)
+    return run(run_dir, cfg, faults, resume=True)
+
+
+@pytest.fixture(scope="module")
+def clean_60_run(tmp_path_factory: pytest.TempPathFactory, first_30: Path) -> Any:
     """The journal of a fault-free 60-step run (the floor's run, the forecaster's baseline)."""
-    return run(tmp_path_factory.mktemp("clean60") / "run", config(steps=60))[1]
+    return from_30(first_30, tmp_path_factory.mktemp("clean60") / "run", config(steps=60), [])[1]
 
 
 @pytest.fixture(scope="module")
@@ -197,10 +221,12 @@ LR_X70_AT_35 = [{"kind": "lr_spike", "at_step": 35, "factor": 70.0}]
 WITH_FORECAST = ("robust_zscore", "early_max", "forecast")
 
 
-def test_a_forecast_claim_above_its_band_rolls_back(tmp_path: Path, clean_60: float) -> None:
+def test_a_forecast_claim_above_its_band_rolls_back(
+    tmp_path: Path, clean_60: float, first_30: Path
+) -> None:
     cfg = config(steps=60)
     cfg.stability.spikes.acting = WITH_FORECAST
-    result, journal = run(tmp_path, cfg, LR_X70_AT_35)
+    result, journal = from_30(first_30, tmp_path / "run", cfg, LR_X70_AT_35)
     assert result.status == "completed"
     (detected,) = claims(journal, "detected")  # one claim, the forecaster's, and no other
     assert detected["detector"] == "forecast" and detected["details"]["side"] == "above"
@@ -213,7 +239,7 @@ def test_a_forecast_claim_above_its_band_rolls_back(tmp_path: Path, clean_60: fl
 
 @pytest.mark.parametrize("how", ["forecast journals only", "--disable spikes"])
 def test_without_the_forecaster_acting_the_spike_costs_loss(
-    tmp_path: Path, clean_60: float, how: str
+    tmp_path: Path, clean_60: float, first_30: Path, how: str
 ) -> None:
     if how == "--disable spikes":
         cfg = config(steps=60, disable=("spikes",))
@@ -221,18 +247,20 @@ def test_without_the_forecaster_acting_the_spike_costs_loss(
         cfg = config(steps=60)
         cfg.stability.spikes.acting = ("robust_zscore", "early_max")
         cfg.stability.spikes.robust.level_window = 0  # the z-score of step changes alone
-    _, journal = run(tmp_path, cfg, LR_X70_AT_35)
+    _, journal = from_30(first_30, tmp_path / "run", cfg, LR_X70_AT_35)
     assert not claims(journal, "recovered")
     detected = {c["detector"] for c in claims(journal, "detected")}
     assert detected == ({"forecast"} if how == "forecast journals only" else set())
     assert final_loss(journal) > 1.02 * clean_60  # the spike's damage stays in the weights
 
 
-def test_the_level_check_sees_the_lasting_rise_the_step_changes_hide(tmp_path: Path) -> None:
+def test_the_level_check_sees_the_lasting_rise_the_step_changes_hide(
+    tmp_path: Path, first_30: Path
+) -> None:
     """The same spike with the default detectors (the forecaster journals only): no step's
     change scores, but the loss stays up, and the robust z-score's level check (its recent
     median against the one before) claims it some steps later and recovery rolls back."""
-    _, journal = run(tmp_path, config(steps=60), LR_X70_AT_35)
+    _, journal = from_30(first_30, tmp_path / "run", config(steps=60), LR_X70_AT_35)
     level = [c for c in claims(journal, "detected") if c["details"].get("level_shift")]
     assert level and all(c["detector"] == "robust_zscore" for c in level)
     assert 36 < level[0].step <= 36 + 2 * 15
