@@ -163,10 +163,16 @@ def lrs(journal: Journal) -> dict[int, float]:
     return {step: event["lr"] for step, event in journal.steps().items()}
 
 
+@pytest.fixture(scope="module")
+def noisy_start(tmp_path_factory: pytest.TempPathFactory) -> Journal:
+    """The warmup run with `NOISY_START`, uninterrupted (both tests below read it)."""
+    return warmup_run(tmp_path_factory.mktemp("noisy") / "run", WARMUP, NOISY_START)
+
+
 @pytest.mark.slow
-def test_a_noisier_start_warms_up_at_a_lower_lr(tmp_path: Path) -> None:
+def test_a_noisier_start_warms_up_at_a_lower_lr(tmp_path: Path, noisy_start: Journal) -> None:
     clean = warmup_run(tmp_path / "clean", WARMUP)
-    noisy = warmup_run(tmp_path / "noisy", WARMUP, NOISY_START)
+    noisy = noisy_start
     plain = warmup_run(tmp_path / "plain", WARMUP, NOISY_START, disable=("adaptive_warmup",))
     measured = [s for s, e in noisy.steps().items() if "grad_variance" in e.fields]
     assert measured and measured[-1] == WARMUP
@@ -197,8 +203,8 @@ def test_a_too_hot_start_hurts_less_with_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_resume_inside_warmup_is_bit_exact(tmp_path: Path) -> None:
-    straight = warmup_run(tmp_path / "straight", WARMUP, NOISY_START)
+def test_resume_inside_warmup_is_bit_exact(tmp_path: Path, noisy_start: Journal) -> None:
+    straight = noisy_start
     warmup_run(tmp_path / "split", WARMUP, NOISY_START, stop_after=10)
     split = warmup_run(tmp_path / "split", WARMUP, NOISY_START, resume=True)
     # Step 11's factor comes from norms seen before the stop: a resume that lost the

@@ -4,10 +4,13 @@ the problem layer (docs/stability.md: `layer_stats`, `underflow`)."""
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from harness.records.journal import Journal
 from reference_trainer.stability.layer_diagnosis import diagnose
 from reference_trainer.stability.layer_stats import StepStats
 from reference_trainer.stability.layer_watch import LayerHistory, swings
@@ -95,11 +98,18 @@ def test_a_flushed_layer_is_detected_and_a_larger_loss_scale_brings_it_back(
     and the run ends further from a clean one."""
     steps = 50  # the stall is detected by step 15; 50 steps leave the bare run 0.115 worse
     fault = [{"kind": "grad_underflow", "target": "w*", "at_step": 12, "every": 1}]
-    _, clean = run(tmp_path / "clean", config(steps=steps, precision="fp16"))
-    _, guarded = run(tmp_path / "with", config(steps=steps, precision="fp16"), fault)
-    _, bare = run(
-        tmp_path / "without", config(steps=steps, precision="fp16", disable=("underflow",)), fault
-    )
+    # Steps 1-10, before the fault, are the same in all three: trained once, each run
+    # resumes from a copy of its checkpoint (bit-exact with a run that never stopped).
+    run(tmp_path / "first10", config(steps=steps, precision="fp16"), stop_after=10)
+
+    def from_10(name: str, faults: list[dict[str, Any]], **fields: Any) -> Journal:
+        shutil.copytree(tmp_path / "first10", tmp_path / name)
+        cfg = config(steps=steps, precision="fp16", **fields)
+        return run(tmp_path / name, cfg, faults, resume=True)[1]
+
+    clean = from_10("clean", [])
+    guarded = from_10("with", fault)
+    bare = from_10("without", fault, disable=("underflow",))
     (stall, *_) = claims(guarded, "detected", "stalled_layer")
     assert stall["details"]["layer"] == "embedding" and 12 <= stall.step <= 15
     assert claims(guarded, "recovered", "loss_scale_raised")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from faults import parse_fault
 from faults.errors import FaultSpecError
 from faults.paraphrase import ParaphraseContaminationInjector, paraphrase
 from harness.records.journal import Journal
+from reference_trainer.config import TrainConfig
 from reference_trainer.corpus.corpus import Corpus, generate_text
 from reference_trainer.stability.mechanisms import StabilityConfig
 from reference_trainer.stages import embeddings
@@ -188,15 +190,31 @@ def test_bad_fault_specs_are_refused(fields: dict[str, object], message: str) ->
         parse_fault({"kind": "paraphrase_contamination", "at_step": 1, "rate": 0.05, **fields})
 
 
+PARAPHRASES = [{"kind": "paraphrase_contamination", "at_step": 1, "rate": 0.05, "pool": 8}]
+
+
+def paraphrased(**fields: Any) -> TrainConfig:
+    """24 steps of batch 16 under `PARAPHRASES`, a checkpoint at step 12."""
+    return config(steps=24, batch_size=16, checkpoint_every=12, **fields)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Journal:
+    """The uninterrupted run with semantic dedup on: the pair's "with" half and the run the
+    resumed one must match."""
+    return run(tmp_path_factory.mktemp("straight") / "run", paraphrased(), PARAPHRASES)[1]
+
+
 @needs_model
 @pytest.mark.slow
 @pytest.mark.parametrize("semantic", [True, False], ids=["with", "without"])
 def test_paraphrases_reach_the_model_only_without_semantic_dedup(
-    tmp_path: Path, semantic: bool
+    tmp_path: Path, request: pytest.FixtureRequest, semantic: bool
 ) -> None:
-    faults = [{"kind": "paraphrase_contamination", "at_step": 1, "rate": 0.05, "pool": 8}]
-    disable = () if semantic else ("semantic_dedup",)
-    _, journal = run(tmp_path, config(steps=30, batch_size=16, disable=disable), faults)
+    if semantic:
+        journal = request.getfixturevalue("straight")
+    else:
+        _, journal = run(tmp_path, paraphrased(disable=("semantic_dedup",)), PARAPHRASES)
     steps = journal.of_kind("step")
     consumed = sum(e["contaminated_kinds"].get("paraphrase", 0) for e in steps)
     drops = claims(journal, "detected", "semantic_dedup")
@@ -209,12 +227,11 @@ def test_paraphrases_reach_the_model_only_without_semantic_dedup(
 
 @needs_model
 @pytest.mark.slow
-def test_a_run_resumed_with_paraphrases_in_its_stream_is_bit_exact(tmp_path: Path) -> None:
-    faults = [{"kind": "paraphrase_contamination", "at_step": 1, "rate": 0.05, "pool": 8}]
-    cfg = config(steps=24, batch_size=16, checkpoint_every=12)
-    _, straight = run(tmp_path / "straight", cfg, faults)
-    run(tmp_path / "split", cfg, faults, stop_after=12)
-    _, split = run(tmp_path / "split", cfg, faults, resume=True)
+def test_a_run_resumed_with_paraphrases_in_its_stream_is_bit_exact(
+    tmp_path: Path, straight: Journal
+) -> None:
+    run(tmp_path / "split", paraphrased(), PARAPHRASES, stop_after=12)
+    _, split = run(tmp_path / "split", paraphrased(), PARAPHRASES, resume=True)
     assert straight.losses() == split.losses() and len(split.losses()) == 24
 
     def drops(journal: Journal) -> list[tuple[int, int]]:

@@ -6,6 +6,7 @@ visibly breaks the run."""
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,12 @@ import pytest
 
 from faults import build_injector, parse_fault
 from faults.injector import Injection
+from harness.records.journal import Journal
 from harness.run_layout import RunLayout
+from reference_trainer.config import TrainConfig
 from reference_trainer.errors import CheckpointError, TrainingFailed
 from reference_trainer.model.optim import peak_lr
+from reference_trainer.train import RunResult
 
 from .stability_support import claims, config, final_loss, finite_at_end, near, run
 
@@ -30,16 +34,37 @@ def damage_checkpoints(injector: Any, run_dir: Path) -> list[Injection]:
     return list(injector.apply(run_dir, checkpoints=RunLayout(run_dir).checkpoints))
 
 
+def resumed_from(
+    first: Path, run_dir: Path, cfg: TrainConfig, faults: list[dict[str, Any]]
+) -> tuple[RunResult, Journal]:
+    """The rest of ``cfg`` with ``faults``, resumed from a copy of ``first`` (a fault-free
+    start the runs of the same length share); the journal holds every step."""
+    shutil.copytree(first, run_dir)
+    return run(run_dir, cfg, faults, resume=True)
+
+
 @pytest.fixture(scope="module")
-def clean_fp32(tmp_path_factory: pytest.TempPathFactory) -> float:
+def first_10(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Steps 1-10 of a fault-free 40-step run, stopped with its checkpoint at 10: the part
+    the 40-step runs below share (their faults come at step 12 or later)."""
+    run_dir = tmp_path_factory.mktemp("first10") / "run"
+    run(run_dir, config(steps=40), stop_after=10)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def clean_fp32(tmp_path_factory: pytest.TempPathFactory, first_10: Path) -> float:
     """Final loss of a fault-free 40-step run (the baseline every fp32 case compares to)."""
-    _, journal = run(tmp_path_factory.mktemp("clean") / "run", config(steps=40))
-    return final_loss(journal)
+    run_dir = tmp_path_factory.mktemp("clean") / "run"
+    return final_loss(resumed_from(first_10, run_dir, config(steps=40), [])[1])
 
 
-def test_nonfinite_guard_skips_the_poisoned_step(tmp_path: Path, clean_fp32: float) -> None:
+def test_nonfinite_guard_skips_the_poisoned_step(
+    tmp_path: Path, clean_fp32: float, first_10: Path
+) -> None:
     # Gradient surgery would repair this one block's gradient instead (tests/test_surgery.py).
-    result, journal = run(tmp_path, config(steps=40, disable=("surgery",)), NAN_AT_12)
+    cfg = config(steps=40, disable=("surgery",))
+    result, journal = resumed_from(first_10, tmp_path / "run", cfg, NAN_AT_12)
     assert result.status == "completed"
     step12 = journal.steps()[12]
     assert step12["skipped"] is True and math.isnan(step12["grad_norm"])
@@ -50,15 +75,18 @@ def test_nonfinite_guard_skips_the_poisoned_step(tmp_path: Path, clean_fp32: flo
 
 
 def test_without_the_guard_nan_reaches_the_weights(tmp_path: Path) -> None:
-    _, journal = run(tmp_path, config(steps=40, disable=("nonfinite_guard", "recovery")), NAN_AT_12)
+    # 20 steps: the parameter check of step 20 finds the NaN still there.
+    _, journal = run(tmp_path, config(steps=20, disable=("nonfinite_guard", "recovery")), NAN_AT_12)
     assert journal.steps()[12]["params_finite"] is False
     assert math.isnan(final_loss(journal)) and not finite_at_end(journal)
     assert not claims(journal, "detected", "nonfinite_guard")
 
 
-def test_loss_spike_is_detected_and_rolled_back(tmp_path: Path, clean_fp32: float) -> None:
+def test_loss_spike_is_detected_and_rolled_back(
+    tmp_path: Path, clean_fp32: float, first_10: Path
+) -> None:
     faults = [{"kind": "lr_spike", "at_step": 15, "factor": 100.0}]
-    result, journal = run(tmp_path, config(steps=40), faults)
+    result, journal = resumed_from(first_10, tmp_path / "run", config(steps=40), faults)
     assert result.status == "completed"
     detected = claims(journal, "detected", "robust_zscore")
     assert detected and 16 <= detected[0].step <= 17  # the loss jumps the step after
@@ -67,11 +95,14 @@ def test_loss_spike_is_detected_and_rolled_back(tmp_path: Path, clean_fp32: floa
     assert near(final_loss(journal), clean_fp32, rel=0.05)
 
 
-def test_without_spike_detection_the_spike_ruins_the_run(tmp_path: Path, clean_fp32: float) -> None:
+def test_without_spike_detection_the_spike_ruins_the_run(
+    tmp_path: Path, clean_fp32: float, first_10: Path
+) -> None:
     # The layer swing detector also sees this spike's aftermath (gradients 100x their
     # norm) and its skips end in a rollback: off too, for the loss detectors' control.
     faults = [{"kind": "lr_spike", "at_step": 15, "factor": 100.0}]
-    _, journal = run(tmp_path, config(steps=40, disable=("spikes", "layer_stats")), faults)
+    cfg = config(steps=40, disable=("spikes", "layer_stats"))
+    _, journal = resumed_from(first_10, tmp_path / "run", cfg, faults)
     assert not claims(journal, "recovered")
     assert final_loss(journal) > 1.5 * clean_fp32
 
@@ -96,9 +127,9 @@ def test_recovery_escalates_through_every_level_then_stops_with_a_diagnosis(
 
 def test_without_recovery_a_lasting_fault_stalls_training(tmp_path: Path) -> None:
     faults = [{"kind": "inf_grad", "at_step": 12, "every": 1}]
-    _, journal = run(tmp_path, config(steps=40, disable=("recovery",)), faults)
+    _, journal = run(tmp_path, config(steps=30, disable=("recovery",)), faults)
     skipped = [s for s, e in journal.steps().items() if e["skipped"]]
-    assert skipped == list(range(12, 41))  # every step after the fault lost, unnoticed
+    assert skipped == list(range(12, 31))  # every step after the fault lost, unnoticed
     assert not claims(journal, "recovered")
     # diagnosis.md names the problem layer, but no recovery gave up.
     assert "recovery exhausted" not in (tmp_path / "diagnosis.md").read_text()
@@ -163,9 +194,20 @@ def test_level_two_skips_the_failing_data_only_when_asked(tmp_path: Path) -> Non
 
 
 @pytest.fixture(scope="module")
-def clean_60_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def first_30(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Steps 1-30 of a fault-free 60-step run, stopped with its checkpoint at 30: the part
+    the 60-step runs below share (their faults come at step 35; a run resumed from it is
+    bit-exact with one that never stopped: same losses, same claims)."""
+    run_dir = tmp_path_factory.mktemp("first30") / "run"
+    run(run_dir, config(steps=60), stop_after=30)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def clean_60_run(tmp_path_factory: pytest.TempPathFactory, first_30: Path) -> Any:
     """The journal of a fault-free 60-step run (the floor's run, the forecaster's baseline)."""
-    return run(tmp_path_factory.mktemp("clean60") / "run", config(steps=60))[1]
+    run_dir = tmp_path_factory.mktemp("clean60") / "run"
+    return resumed_from(first_30, run_dir, config(steps=60), [])[1]
 
 
 @pytest.fixture(scope="module")
@@ -197,10 +239,12 @@ LR_X70_AT_35 = [{"kind": "lr_spike", "at_step": 35, "factor": 70.0}]
 WITH_FORECAST = ("robust_zscore", "early_max", "forecast")
 
 
-def test_a_forecast_claim_above_its_band_rolls_back(tmp_path: Path, clean_60: float) -> None:
+def test_a_forecast_claim_above_its_band_rolls_back(
+    tmp_path: Path, clean_60: float, first_30: Path
+) -> None:
     cfg = config(steps=60)
     cfg.stability.spikes.acting = WITH_FORECAST
-    result, journal = run(tmp_path, cfg, LR_X70_AT_35)
+    result, journal = resumed_from(first_30, tmp_path / "run", cfg, LR_X70_AT_35)
     assert result.status == "completed"
     (detected,) = claims(journal, "detected")  # one claim, the forecaster's, and no other
     assert detected["detector"] == "forecast" and detected["details"]["side"] == "above"
@@ -213,7 +257,7 @@ def test_a_forecast_claim_above_its_band_rolls_back(tmp_path: Path, clean_60: fl
 
 @pytest.mark.parametrize("how", ["forecast journals only", "--disable spikes"])
 def test_without_the_forecaster_acting_the_spike_costs_loss(
-    tmp_path: Path, clean_60: float, how: str
+    tmp_path: Path, clean_60: float, first_30: Path, how: str
 ) -> None:
     if how == "--disable spikes":
         cfg = config(steps=60, disable=("spikes",))
@@ -221,18 +265,20 @@ def test_without_the_forecaster_acting_the_spike_costs_loss(
         cfg = config(steps=60)
         cfg.stability.spikes.acting = ("robust_zscore", "early_max")
         cfg.stability.spikes.robust.level_window = 0  # the z-score of step changes alone
-    _, journal = run(tmp_path, cfg, LR_X70_AT_35)
+    _, journal = resumed_from(first_30, tmp_path / "run", cfg, LR_X70_AT_35)
     assert not claims(journal, "recovered")
     detected = {c["detector"] for c in claims(journal, "detected")}
     assert detected == ({"forecast"} if how == "forecast journals only" else set())
     assert final_loss(journal) > 1.02 * clean_60  # the spike's damage stays in the weights
 
 
-def test_the_level_check_sees_the_lasting_rise_the_step_changes_hide(tmp_path: Path) -> None:
+def test_the_level_check_sees_the_lasting_rise_the_step_changes_hide(
+    tmp_path: Path, first_30: Path
+) -> None:
     """The same spike with the default detectors (the forecaster journals only): no step's
     change scores, but the loss stays up, and the robust z-score's level check (its recent
     median against the one before) claims it some steps later and recovery rolls back."""
-    _, journal = run(tmp_path, config(steps=60), LR_X70_AT_35)
+    _, journal = resumed_from(first_30, tmp_path / "run", config(steps=60), LR_X70_AT_35)
     level = [c for c in claims(journal, "detected") if c["details"].get("level_shift")]
     assert level and all(c["detector"] == "robust_zscore" for c in level)
     assert 36 < level[0].step <= 36 + 2 * 15

@@ -12,6 +12,12 @@ from .stability_support import claims, config, final_loss, finite_at_end, near, 
 
 pytestmark = pytest.mark.slow
 
+#: fp16 costs a CPU four times fp32 a step (no fp16 matrix units). The loss-scale tests
+#: inject their overflows into the gradients, whatever the batch: they train half the tiny
+#: batch, at half the cost. (The activation overflow tests keep it: how far a block's
+#: activations climb depends on the batch.)
+SMALL_FP16 = {"precision": "fp16", "batch_size": 4}
+
 OVERFLOW = [{"kind": "activation_overflow", "at_step": 8, "duration": 10, "target": "blocks.1.mlp"}]
 
 
@@ -35,7 +41,7 @@ def test_a_block_near_the_fp16_limit_moves_to_fp32(tmp_path: Path, clean_fp16: f
 
 
 def test_without_fp16_guards_an_overflowing_block_breaks_the_weights(tmp_path: Path) -> None:
-    _, journal = run(tmp_path, config(steps=24, precision="fp16", fragile=True), OVERFLOW)
+    _, journal = run(tmp_path, config(steps=12, precision="fp16", fragile=True), OVERFLOW)
     assert not finite_at_end(journal) and math.isnan(final_loss(journal))
 
 
@@ -52,7 +58,7 @@ def test_loss_scale_backs_off_only_after_hysteresis(tmp_path: Path) -> None:
         {"kind": "inf_grad", "at_step": 8},
         {"kind": "inf_grad", "at_step": 12, "duration": 2},
     ]
-    result, journal = run(tmp_path, config(steps=16, precision="fp16"), faults)
+    result, journal = run(tmp_path, config(steps=16, **SMALL_FP16), faults)
     assert result.status == "completed" and finite_at_end(journal)
     scale = {s: e["loss_scale"] for s, e in journal.steps().items()}
     assert scale[8] == scale[9] == 2.0**16  # one overflow: hysteresis absorbs it
@@ -63,14 +69,14 @@ def test_loss_scale_backs_off_only_after_hysteresis(tmp_path: Path) -> None:
 
 def test_without_loss_scaling_an_overflow_reaches_the_weights(tmp_path: Path) -> None:
     faults = [{"kind": "inf_grad", "at_step": 8}]
-    cfg = config(steps=16, precision="fp16", disable=("loss_scale", "nonfinite_guard", "recovery"))
+    cfg = config(steps=10, **SMALL_FP16, disable=("loss_scale", "nonfinite_guard", "recovery"))
     _, journal = run(tmp_path, cfg, faults)
     assert journal.steps()[8]["loss_scale"] is None
     assert not finite_at_end(journal)
 
 
 def test_a_collapsed_loss_scale_retries_in_fp32(tmp_path: Path) -> None:
-    cfg = config(steps=24, precision="fp16")
+    cfg = config(steps=24, **SMALL_FP16)
     cfg.stability.loss_scale.min_scale = 2.0**14  # two backoffs from 2**16 reach it
     faults = [{"kind": "inf_grad", "at_step": 12, "duration": 4}]
     result, journal = run(tmp_path, cfg, faults)

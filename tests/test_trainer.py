@@ -64,17 +64,29 @@ def assert_same_tensors(a: object, b: object, where: str = "") -> None:
         assert a == b, where
 
 
-def test_resume_is_bit_exact(tmp_path: Path) -> None:
-    cfg = tiny(steps=40, checkpoint_every=20)
-    run(cfg, tmp_path / "straight")
-    run(cfg, tmp_path / "split", stop_after=20)
-    assert ckpt.checkpoint_step(ckpt.latest_checkpoint(tmp_path / "split")) == 20  # type: ignore[arg-type]
+#: Resumed at step 10 of 20: the data buffer runs dry after the resume (its next refill
+#: reads the corpus from the restored position), after warmup (5 steps) has ended.
+RESUMED = {"steps": 20, "checkpoint_every": 10}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run of the `RESUMED` configuration, for both resume tests."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    run(tiny(**RESUMED), run_dir)
+    return run_dir
+
+
+def test_resume_is_bit_exact(tmp_path: Path, straight: Path) -> None:
+    cfg = tiny(**RESUMED)
+    run(cfg, tmp_path / "split", stop_after=10)
+    assert ckpt.checkpoint_step(ckpt.latest_checkpoint(tmp_path / "split")) == 10  # type: ignore[arg-type]
     run(cfg, tmp_path / "split", resume=True)
 
-    straight, split = read_journal(tmp_path / "straight"), read_journal(tmp_path / "split")
-    assert len(straight.losses()) == len(split.losses()) == 40
-    assert straight.losses() == split.losses()  # exact, not approximate
-    a, b = final_state(tmp_path / "straight"), final_state(tmp_path / "split")
+    whole, split = read_journal(straight), read_journal(tmp_path / "split")
+    assert len(whole.losses()) == len(split.losses()) == 20
+    assert whole.losses() == split.losses()  # exact, not approximate
+    a, b = final_state(straight), final_state(tmp_path / "split")
     assert_same_tensors(a["model"], b["model"], "model")
     assert_same_tensors(a["optimizer"], b["optimizer"], "optimizer")
     assert_same_tensors(a["data"], b["data"], "data")
@@ -89,10 +101,9 @@ def test_resume_is_bit_exact(tmp_path: Path) -> None:
     assert ends == ["stopped", "completed"]
 
 
-def test_a_resume_that_loses_the_data_position_is_caught(tmp_path: Path) -> None:
+def test_a_resume_that_loses_the_data_position_is_caught(tmp_path: Path, straight: Path) -> None:
     """Negative control for the test above: the comparison fails when state is lost."""
-    cfg = tiny(steps=30, checkpoint_every=10)
-    run(cfg, tmp_path / "straight")
+    cfg = tiny(**RESUMED)
     run(cfg, tmp_path / "split", stop_after=10)
     latest = ckpt.latest_checkpoint(tmp_path / "split")
     assert latest is not None
@@ -105,9 +116,9 @@ def test_a_resume_that_loses_the_data_position_is_caught(tmp_path: Path) -> None
     tensors = describe_tensors(state)
     write_manifest(latest, run_id=run_id, step=10, kind="full", parent=None, tensors=tensors)
     run(cfg, tmp_path / "split", resume=True)
-    straight, split = read_journal(tmp_path / "straight"), read_journal(tmp_path / "split")
-    assert straight.losses()[:10] == split.losses()[:10]
-    assert straight.losses()[10:] != split.losses()[10:]
+    whole, split = read_journal(straight), read_journal(tmp_path / "split")
+    assert whole.losses()[:10] == split.losses()[:10]
+    assert whole.losses()[10:] != split.losses()[10:]
 
 
 def test_tiny_loss_falls_below_eight_tenths_within_60_steps(tmp_path: Path) -> None:
