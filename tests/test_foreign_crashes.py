@@ -17,7 +17,7 @@ import pytest
 
 from harness.records.events import FaultInjected, RunEnd, StepObserved
 from harness.records.journal import read_journal
-from harness.running.baseline import baseline_key
+from harness.running.baseline import baseline_key, code_version
 from harness.running.results import ScenarioResult, SuiteResult
 from harness.running.runner import RunOptions, run_suite
 from harness.suites.suite_loader import load_suite
@@ -74,8 +74,9 @@ def test_its_fault_free_runs_are_those_of_the_verdicts_suite() -> None:
     verdicts = load_suite(ROOT / "tests" / "trainers" / "verdicts.yaml")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ROOT)  # the key hashes the scripts the commands name
-        ours = {baseline_key(s.trainer) for s in load_suite(SUITE).scenarios}
-        theirs = {baseline_key(s.trainer) for s in verdicts.scenarios}
+        code = code_version()  # hashed once, not once a scenario
+        ours = {baseline_key(s.trainer, code) for s in load_suite(SUITE).scenarios}
+        theirs = {baseline_key(s.trainer, code) for s in verdicts.scenarios}
     assert ours <= theirs
 
 
