@@ -8,6 +8,7 @@ snapshot. Each fault's own event names the rank it hit."""
 
 from __future__ import annotations
 
+import os
 import signal
 from itertools import pairwise
 from pathlib import Path
@@ -16,9 +17,12 @@ import pytest
 
 from harness.records.events import FaultInjected, RunEnd, StepObserved
 from harness.records.journal import read_journal
+from harness.running.baseline import baseline_key, code_version
 from harness.running.results import ScenarioResult, SuiteResult
 from harness.running.runner import RunOptions, run_suite
 from harness.suites.suite_loader import load_suite
+
+from .conftest import SHARED_CACHE
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "tests" / "trainers" / "crashes.yaml"
@@ -49,12 +53,12 @@ TABLE: dict[str, tuple[int, str | None, dict[str, tuple[str, object]]]] = {
         {"completed": (F, 7), "detected": (F, None)},
     ),
     # No watchdog: the loop waits the 3 s out and finishes; the stall is measured.
-    "tutorial-gil-lock": (0, None, {"completed": (P, 20), "max_stall_seconds": (F, None)}),
+    "tutorial-gil-lock": (0, None, {"completed": (P, 30), "max_stall_seconds": (F, None)}),
     # torchrun restarts the job; it resumes from its last snapshot and finishes.
     "snapshot-segfault": (
         0,
         None,
-        {"detected": (P, None), "completed": (P, 24), "max_lost_steps": (P, None)},
+        {"detected": (P, None), "completed": (P, 40), "max_lost_steps": (P, None)},
     ),
 }
 ONE_PROCESS = {s.name for s in load_suite(SUITE).scenarios if s.trainer.world_size == 1}
@@ -64,8 +68,22 @@ def test_the_table_holds_every_scenario_of_the_suite() -> None:
     assert {s.name for s in load_suite(SUITE).scenarios} == TABLE.keys()
 
 
+def test_its_fault_free_runs_are_those_of_the_verdicts_suite() -> None:
+    """Each trainer configuration here is one of tests/trainers/verdicts.yaml's, so the
+    session's shared cache runs its fault-free baseline once for both suites."""
+    verdicts = load_suite(ROOT / "tests" / "trainers" / "verdicts.yaml")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)  # the key hashes the scripts the commands name
+        code = code_version()  # hashed once, not once a scenario
+        ours = {baseline_key(s.trainer, code) for s in load_suite(SUITE).scenarios}
+        theirs = {baseline_key(s.trainer, code) for s in verdicts.scenarios}
+    assert ours <= theirs
+
+
 def run_part(out_dir: Path, names: set[str]) -> SuiteResult:
-    options = RunOptions(out_dir=out_dir / "out", cache_dir=out_dir / "cache", cores=2)
+    """The suite's scenarios ``names``, run into ``out_dir``; baselines from the session's
+    shared cache (the verdicts suite's fault-free runs are the same configurations)."""
+    options = RunOptions(out_dir=out_dir / "out", cache_dir=Path(os.environ[SHARED_CACHE]), cores=2)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ROOT)  # the suite names its trainers relative to the repository
         return run_suite(load_suite(SUITE), options, select=sorted(names), progress=False)

@@ -10,6 +10,7 @@ the lost work counted exactly.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from harness.records.journal import Journal, read_journal
 from harness.running.results import SuiteResult
 from harness.running.runner import RunOptions, run_suite
 from harness.suites.suite_loader import load_suite
+
+from .conftest import SHARED_CACHE
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "tests" / "trainers" / "verdicts.yaml"
@@ -137,8 +140,9 @@ def test_the_table_holds_every_scenario_of_the_suite() -> None:
 
 
 def run_part(out_dir: Path, names: set[str]) -> SuiteResult:
-    """The suite's scenarios ``names``, run into ``out_dir``."""
-    options = RunOptions(out_dir=out_dir / "out", cache_dir=out_dir / "cache", cores=2)
+    """The suite's scenarios ``names``, run into ``out_dir``; baselines from the session's
+    shared cache (tests/trainers/crashes.yaml runs the same configurations)."""
+    options = RunOptions(out_dir=out_dir / "out", cache_dir=Path(os.environ[SHARED_CACHE]), cores=2)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ROOT)  # the suite names its trainers relative to the repository
         return run_suite(load_suite(SUITE), options, select=sorted(names), progress=False)
@@ -240,7 +244,7 @@ def test_each_fail_slow_fault_slows_the_foreign_job_in_its_own_steps(
     result = next(r for r in two_ranks.scenarios if r.name == "snapshot-fail-slow")
     faulted = read_journal(out_dir / "out" / result.run_dir, warn=False)
     assert result.baseline_dir
-    clean = read_journal(out_dir / "cache" / result.baseline_dir, warn=False)
+    clean = read_journal(out_dir / "out" / result.baseline_dir, warn=False)  # its kept copy
     straggling, clean_pace = intervals(faulted, range(6, 15)), intervals(clean, range(6, 15))
     assert sum(straggling) > 1.5 * sum(clean_pace), (straggling, clean_pace)
     late = intervals(faulted, range(18, 27))
