@@ -26,6 +26,7 @@ Standard library only until the preload.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import selectors
@@ -92,6 +93,10 @@ def serve(path: list[str], preload: tuple[str, ...] = ()) -> None:
     _import(PRELOAD)
     _wrap_savers(attached=AGENT in preload)
     _import(preload)
+    # What was imported stays for every child: out of the collector's reach, so a child's
+    # first collections do not walk (and copy, page by page) the whole of torch.
+    gc.collect()
+    gc.freeze()
     children: dict[int, object] = {}
     selector = selectors.DefaultSelector()
     selector.register(inp, selectors.EVENT_READ)
