@@ -76,7 +76,9 @@ class NoCorruptCheckpointLoadedOracle(ExpectOracle):
         "file's size and SHA-256, the parent chain of a delta), checked by the harness "
         "itself, and no fault had damaged it before the load (a fault on another rank in the "
         "load's own step and attempt may have struck after the read: that load is "
-        "unverifiable, not corrupt); for a trainer written elsewhere, every file load the "
+        "unverifiable, not corrupt; where the agent's check at the load found every file as "
+        "saved, the bytes decide: two ranks flipping the same bit of a shared file put it "
+        "back); for a trainer written elsewhere, every file load the "
         "agent observed has the bytes of a save, and a load that raised (the framework "
         "refused the file) counts as a load of nothing corrupt",
         figure="corrupt loads",
