@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from xdist.remote import Producer
 
+from harness.running import warm_start
 from tests import lanes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,10 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_module(
     *args: str, cwd: Path | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m ...`` (or any args) with this interpreter, capturing output."""
+    """Run ``python -m ...`` (or any args) with this interpreter, capturing output; warm
+    (forked from this worker's warm-start server) when the session starts warm."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     return subprocess.run(
-        [sys.executable, *args],
+        warm_start.warm([sys.executable, *args], env),
         cwd=cwd or ROOT,
         env=env,
         capture_output=True,
@@ -105,12 +107,21 @@ def pytest_xdist_make_scheduler(
     return lanes.GroupScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
+#: ``1``: every trainer process of the tests starts afresh, none forked warm (make test
+#: starts the reference trainer's processes through `harness.running.warm_start`).
+FRESH = "TIGHTROPE_TEST_FRESH"
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Mark this session's environment, so its processes can be found at the end; give
+    """Start the reference trainer's processes warm (forked from an interpreter that
+    imported torch once; tests/test_warm_start.py shows it changes nothing); mark this
+    session's environment, so its processes can be found at the end; give
     its fresh runs one tokenizer cache, so each configuration's BPE is trained once (each
     entry is checked against its digest before use; tests/test_tokenizer_cache.py), and
     one baseline cache (keyed by configuration and code, and locked: tests that do not
     test caching share it, through ``shared_cache`` or a run that takes the default)."""
+    if os.environ.get(FRESH) != "1":
+        warm_start.enable()
     if XDIST_WORKER in os.environ:
         return  # a worker inherits the controller's mark and cache: one check covers all
     os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
@@ -128,6 +139,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     harness's clean-up."""
     from harness.running.process_tree import _signal
 
+    warm_start.close_all()
     if XDIST_WORKER in os.environ:
         return  # the controller checks, once every worker is done
     for name in (TOKENIZER_CACHE, SHARED_CACHE):

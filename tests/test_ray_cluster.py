@@ -68,9 +68,11 @@ class _Watch:
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
+        # Those of earlier tests still serving this worker (warm-start servers) are not ours.
+        self.earlier = set(descendants(os.getpid()))
 
     def look(self) -> None:
-        self.seen.update(descendants(os.getpid()))
+        self.seen.update(set(descendants(os.getpid())) - self.earlier)
 
     def alive(self, *, agents: bool = True) -> list[str]:
         """What is still running, one line each (Ray's per-node agents left out unless

@@ -142,7 +142,8 @@ def _reap(children: dict[int, object], out: int) -> None:
 
 
 def _child(request: dict[str, Any], path: list[str]) -> None:
-    """Become the program of ``request`` and end as its interpreter would."""
+    """Become the program of ``request``, its output to its log, and end as its
+    interpreter would."""
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -151,6 +152,14 @@ def _child(request: dict[str, Any], path: list[str]) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+    become(request, path)
+
+
+def become(request: dict[str, Any], path: list[str]) -> None:
+    """In a forked child whose standard streams are set: become what ``python ARGV``
+    (``request["argv"]``: the interpreter, then a script or ``-m MODULE`` and its
+    arguments) would be with ``request["env"]`` in ``request["cwd"]``, and end as its
+    interpreter would (never returns)."""
     os.environ.clear()
     os.environ.update(request["env"])
     if request.get("cwd"):

@@ -25,6 +25,7 @@ from harness.errors import TightropeError
 from harness.mechanisms import LAUNCHER_MECHANISMS
 from harness.records.microscope_file import MICROSCOPE_ENV
 from harness.running.process_tree import MARK, kill_marked, kill_tree
+from harness.running.warm_start import warm
 from harness.suites.scenario import TrainerSpec
 
 _TAIL_LINES = 40
@@ -197,7 +198,7 @@ def run_process(
         out.flush()
         try:
             proc = subprocess.Popen(
-                list(argv),
+                warm(argv, env),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -1,0 +1,248 @@
+"""A warm start for the trainer processes of a launch: one interpreter that has imported
+torch once forks each trainer process, instead of each starting Python and importing torch
+anew (about 2.5 s of CPU a process; most of a small run's cost).
+
+The launcher (`harness.running.warm_start`) starts it with the launch's environment less
+what differs from process to process, as ``python -c "... serve(path, socket)"``; it
+imports torch and ``torch._dynamo`` (`harness.inside.zygote.PRELOAD`), puts them out of the
+collector's reach, and listens on a Unix socket. Each trainer process is started as a small
+client instead (`harness.inside.warm_client`: standard library only, a few milliseconds),
+by the launcher or by torchrun as one of its workers; the client sends its command line,
+environment and working folder with its standard streams (``SCM_RIGHTS``), and the server
+forks a child that becomes the program (`harness.inside.zygote.become`) on those streams,
+and says so on its stderr (``forked PID: ARGS``).
+The client stands for the child to whoever started it: it forwards the signals it gets and
+ends as the child ended (its exit code, or killed by the same signal). When the client goes
+away (SIGKILL: a watchdog, torchrun's shutdown) the server kills the child, so nothing
+outlives its launch. When stdin closes (the launcher went away) the server kills every
+child and ends.
+
+A request is refused, and the client starts the program afresh itself, when its
+environment differs from the server's in anything but `VARYING` (what torchrun sets per
+worker, tightrope's per-run variables, pytest's current test): a variable read at import
+time would otherwise be the server's, not the program's.
+
+Standard library only until the preload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from typing import Any
+
+from harness.inside.zygote import PRELOAD, _exit_status, _import, become
+
+#: Variables that may differ between the server and a request: none of them is read when
+#: torch is imported. torchrun's per-worker ones (its compile caches too), tightrope's per-run
+#: ones, pytest's.
+VARYING_NAMES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "TORCHINDUCTOR_CACHE_DIR",  # read when inductor compiles, not when imported
+        "TRITON_CACHE_DIR",
+        "PYTEST_CURRENT_TEST",
+    }
+)
+VARYING_PREFIXES = ("TORCHELASTIC_", "TIGHTROPE_")
+
+#: The most bytes a request may hold (its command line and environment).
+MAX_REQUEST = 1 << 20
+
+
+def varying(name: str) -> bool:
+    """``name`` may differ between the server's environment and a request's."""
+    return name in VARYING_NAMES or name.startswith(VARYING_PREFIXES)
+
+
+def static(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less what may vary: equal for the server and every request it serves."""
+    return {k: v for k, v in env.items() if not varying(k)}
+
+
+def _send(conn: socket.socket, record: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall((json.dumps(record) + "\n").encode())
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """One request and its three streams, or None for a malformed one."""
+    data, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST, 3)
+    conn.setblocking(True)
+    while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
+        more = conn.recv(MAX_REQUEST)
+        if not more:
+            break
+        data += more
+    try:
+        request = json.loads(data)
+    except ValueError:
+        request = None
+    if not isinstance(request, dict) or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return request, fds
+
+
+def _refusal(request: dict[str, Any], env: dict[str, str], unbuffered: bool) -> str | None:
+    """Why ``request`` cannot be forked from here, or None."""
+    argv = request.get("argv")
+    if not isinstance(argv, list) or len(argv) < 2 or argv[0] != sys.executable:
+        return "not this interpreter"
+    if argv[1] == "-u" and not unbuffered:
+        return "-u, and this interpreter's output is buffered"
+    wanted = request.get("env")
+    if not isinstance(wanted, dict) or static(wanted) != env:
+        differ = sorted(set(static(wanted or {}).items()) ^ set(env.items()))
+        return "another environment: " + ", ".join(sorted({k for k, _ in differ}))[:200]
+    return None
+
+
+class _Server:
+    def __init__(self, path: list[str], listener: socket.socket) -> None:
+        self.path = path
+        self.listener = listener
+        self.env = static(dict(os.environ))
+        self.unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+        self.selector = selectors.DefaultSelector()
+        self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
+        self.clients: dict[int, int] = {}  # connection fd -> pid
+
+    def run(self, control: int) -> None:
+        self.selector.register(control, selectors.EVENT_READ, "control")
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        while True:
+            for key, _ in self.selector.select(timeout=0.05):
+                if key.data == "control":
+                    if not os.read(control, 4096):
+                        self.kill_all()
+                        return
+                elif key.data == "accept":
+                    self.accept(control)
+                else:
+                    self.client_spoke(key.fileobj)  # type: ignore[arg-type]
+            self.reap()
+
+    def accept(self, control: int) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.listener.accept()
+            received = _receive(conn)
+            if received is None:
+                _send(conn, {"refused": "malformed request"})
+                conn.close()
+                return
+            request, fds = received
+            reason = _refusal(request, self.env, self.unbuffered)
+            if reason is not None:
+                for fd in fds:
+                    os.close(fd)
+                _send(conn, {"refused": reason})
+                conn.close()
+                return
+            self.fork(request, fds, conn, control)
+
+    def fork(
+        self, request: dict[str, Any], fds: list[int], conn: socket.socket, control: int
+    ) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            # Closed through their objects: a number closed under an object's feet would be
+            # closed again when the object is collected, by then maybe the program's file.
+            self.selector.close()
+            for sock in (self.listener, conn, *self.children.values()):
+                sock.close()
+            os.close(control)
+            os.setsid()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            if request["argv"][1] == "-u":
+                request = {**request, "argv": [request["argv"][0], *request["argv"][2:]]}
+            become(request, self.path)  # never returns
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        self.clients[conn.fileno()] = pid
+        self.selector.register(conn, selectors.EVENT_READ, "client")
+        _send(conn, {"pid": pid})
+        print(f"forked {pid}: {' '.join(request['argv'][1:])}", file=sys.stderr, flush=True)
+
+    def client_spoke(self, conn: socket.socket) -> None:
+        """A client sends nothing after its request: readable means it went away."""
+        try:
+            data = conn.recv(4096)
+        except OSError:
+            data = b""
+        if data:
+            return
+        pid = self.clients.pop(conn.fileno(), None)
+        self.selector.unregister(conn)
+        if pid is not None:
+            _kill(pid)
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            _send(conn, {"exit": _exit_status(status)})
+            if self.clients.pop(conn.fileno(), None) is not None:
+                self.selector.unregister(conn)
+            conn.close()
+
+    def kill_all(self) -> None:
+        for pid in self.children:
+            _kill(pid)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a child and its session (whatever it started there)."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def serve(path: list[str], address: str) -> None:
+    """Preload, listen on ``address`` and fork a child per request until stdin closes;
+    ``path``: ``sys.path`` as the interpreter made it (before the launcher's additions)."""
+    control = os.dup(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    _import(PRELOAD)
+    gc.collect()
+    gc.freeze()  # see harness.inside.zygote.serve
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(64)
+    print("ready", flush=True)
+    _Server(path, listener).run(control)

@@ -1,0 +1,172 @@
+"""Warm starts (harness/running/warm_start.py): the reference trainer's processes forked
+from an interpreter that imported torch once leave what fresh processes leave, stand for
+their child to whoever started them (signals in, exit status out), and never outlive it.
+
+make test starts the suites' trainer processes warm (tests/conftest.py); these tests are
+what makes that a faithful shortcut."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.inside.warm_client import SOCKET_ENV
+from harness.errors import JournalError
+from harness.records.journal import read_journal
+from harness.running import warm_start
+from harness.running.launch import run_process
+from reference_trainer.processes.preemption import EXIT_PREEMPTED
+
+from .test_trainer import assert_same_tensors, final_state
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--preset", "tiny", "--steps", "6", "--checkpoint-every", "3", "--log-every", "1000"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _one(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "reference_trainer", "--run-dir", str(run_dir), *TINY, *extra]
+
+
+def _two(run_dir: Path, *extra: str) -> list[str]:
+    head = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    head += ["--nproc-per-node", "2", "--max-restarts", "0"]
+    return [*head, "-m", "reference_trainer", "--run-dir", str(run_dir), *TINY, *extra]
+
+
+@pytest.fixture
+def warm() -> Iterator[None]:
+    """Warm starts on for the test, and as the session had them after."""
+    was = warm_start.enabled()
+    warm_start.enable()
+    yield
+    if not was:
+        warm_start.close_all()
+
+
+def _run(argv: list[str], log: Path) -> None:
+    launch = run_process(argv, log=log, deadline=time.monotonic() + 240, env=dict(ENV))
+    assert launch.exit_code == 0 and launch.left_behind == 0, log.read_text()[-3000:]
+
+
+def _same_run(a: Path, b: Path, ranks: int) -> None:
+    ja, jb = read_journal(a), read_journal(b)
+    assert ja.ranks == jb.ranks == list(range(ranks))
+    for rank in range(ranks):
+        assert ja.losses(rank) == jb.losses(rank) and len(ja.losses(rank)) == 6
+    assert_same_tensors(final_state(a), final_state(b))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("command", "ranks"), [(_one, 1), (_two, 2)], ids=["one", "torchrun"])
+def test_a_warm_run_leaves_what_a_fresh_one_leaves(
+    command: Callable[..., list[str]], ranks: int, tmp_path: Path, warm: None
+) -> None:
+    warm_start.close_all()
+    _run(command(tmp_path / "fresh"), tmp_path / "fresh.log")
+    assert warm_start.forked() == []
+    warm_start.enable()
+    _run(command(tmp_path / "warm"), tmp_path / "warm.log")
+    assert len(warm_start.forked()) == ranks  # every rank was forked, none started afresh
+    _same_run(tmp_path / "fresh", tmp_path / "warm", ranks)
+    # Negative control: the comparison sees a run that differs (another seed).
+    _run(command(tmp_path / "other", "--seed", "1"), tmp_path / "other.log")
+    with pytest.raises(AssertionError):
+        _same_run(tmp_path / "fresh", tmp_path / "other", ranks)
+
+
+def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = dict(ENV)
+    warm_argv = warm_start.warm(argv, env)
+    assert warm_argv != argv
+    with open(log, "ab") as out:
+        return subprocess.Popen(warm_argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait_for(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _steps(run_dir: Path) -> int:
+    """Steps rank 0 journaled so far (0 before its journal exists)."""
+    try:
+        return len(read_journal(run_dir, warn=False).losses(0))
+    except JournalError:
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_signal_reaches_the_child_and_its_exit_comes_back(tmp_path: Path, warm: None) -> None:
+    """SIGTERM to the client is the trainer's preemption notice: it saves and exits with
+    the preempted code, which the client exits with, as the fresh process does."""
+    codes = {}
+    for name in ("fresh", "warm"):
+        run_dir = tmp_path / name
+        argv = _one(run_dir, "--steps", "100000")
+        if name == "fresh":
+            proc = subprocess.Popen(argv, env=dict(ENV), stdout=subprocess.DEVNULL)
+        else:
+            proc = _start(argv, tmp_path / "warm.log")
+        try:
+            _wait_for(lambda d=run_dir: _steps(d) >= 2, "two steps")
+            proc.send_signal(signal.SIGTERM)
+            codes[name] = proc.wait(timeout=120)
+        finally:
+            proc.kill()
+        assert final_state(run_dir)  # the preempted run saved
+    assert codes == {"fresh": EXIT_PREEMPTED, "warm": EXIT_PREEMPTED}
+
+
+def test_a_killed_client_takes_its_child_with_it(tmp_path: Path, warm: None) -> None:
+    before = set(warm_start.forked())
+    run_dir = tmp_path / "run"
+    proc = _start(_one(run_dir, "--steps", "100000"), tmp_path / "log")
+    try:
+        _wait_for(lambda: _steps(run_dir) >= 1, "a step")
+        (child,) = set(warm_start.forked()) - before
+        assert _alive(child)
+    finally:
+        proc.kill()  # as a watchdog or torchrun's shutdown kills a worker
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    _wait_for(lambda: not _alive(child), "the child to end with its client", 10)
+
+
+def test_a_refused_request_starts_afresh(tmp_path: Path, warm: None) -> None:
+    """A client whose environment differs from its server's in what may be read at import
+    (here a variable of its own) runs the program itself, and right."""
+    env = dict(ENV)
+    warm_argv = warm_start.warm(_one(tmp_path / "warm"), env)
+    before = warm_start.forked()
+    log = tmp_path / "log"
+    with open(log, "ab") as out:
+        code = subprocess.call(
+            warm_argv, env={**env, "SOMETHING_ELSE": "1"}, stdout=out, stderr=out
+        )
+    assert code == 0, log.read_text()[-3000:]
+    assert warm_start.forked() == before
+    assert len(read_journal(tmp_path / "warm").losses(0)) == 6
+    # Negative control: the same client with the server's own environment is forked.
+    with open(log, "ab") as out:
+        code = subprocess.call(
+            warm_start.warm(_one(tmp_path / "again"), env), env=env, stdout=out, stderr=out
+        )
+    assert code == 0 and len(warm_start.forked()) == len(before) + 1
+    assert SOCKET_ENV in env
