@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.inside.warm_client import SOCKET_ENV
 from harness.errors import JournalError
+from harness.inside.warm_client import SOCKET_ENV
 from harness.records.journal import read_journal
 from harness.running import warm_start
 from harness.running.launch import run_process
