@@ -27,6 +27,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from harness.running import warm_start
 from harness.running.process_tree import descendants
 from harness.running.ray_executor import RayExecutor
 from harness.running.results import ScenarioResult, SuiteResult
@@ -72,7 +73,10 @@ class _Watch:
         self.earlier = set(descendants(os.getpid()))
 
     def look(self) -> None:
-        self.seen.update(set(descendants(os.getpid())) - self.earlier)
+        # A warm-start server this test's local runs started serves the worker until the
+        # session ends (its children, the trainers, are still watched).
+        ours = set(descendants(os.getpid())) - self.earlier - warm_start.server_pids()
+        self.seen.update(ours)
 
     def alive(self, *, agents: bool = True) -> list[str]:
         """What is still running, one line each (Ray's per-node agents left out unless

@@ -111,6 +111,12 @@ def close_all() -> None:
         server.close()
 
 
+def server_pids() -> set[int]:
+    """The pids of this process's running servers (not their children)."""
+    with _lock:
+        return {s.proc.pid for s in _servers.values() if s.proc.poll() is None}
+
+
 def forked() -> list[int]:
     """The pid of every process this process's servers forked (from their logs)."""
     pids = []
