@@ -163,6 +163,13 @@ def test_a_refused_request_starts_afresh(tmp_path: Path, warm: None) -> None:
     assert code == 0, log.read_text()[-3000:]
     assert warm_start.forked() == before
     assert len(read_journal(tmp_path / "warm").losses(0)) == 6
+    # An interpreter option the server cannot honour in a fork: refused, run afresh too.
+    optioned = [sys.executable, "-X", "utf8", *_one(tmp_path / "optioned")[1:]]
+    client = [*warm_argv[: warm_argv.index(sys.executable, 1)], *optioned]
+    with open(log, "ab") as out:
+        code = subprocess.call(client, env=env, stdout=out, stderr=out)
+    assert code == 0 and warm_start.forked() == before, log.read_text()[-3000:]
+    assert len(read_journal(tmp_path / "optioned").losses(0)) == 6
     # Negative control: the same client with the server's own environment is forked.
     with open(log, "ab") as out:
         code = subprocess.call(

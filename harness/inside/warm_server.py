@@ -109,6 +109,11 @@ def _refusal(request: dict[str, Any], env: dict[str, str], unbuffered: bool) -> 
         return "not this interpreter"
     if argv[1] == "-u" and not unbuffered:
         return "-u, and this interpreter's output is buffered"
+    program = argv[2:] if argv[1] == "-u" else argv[1:]
+    if not program or (program[0].startswith("-") and program[:1] != ["-m"]):
+        return "an interpreter option other than -u, or no program"
+    if program[0] == "-m" and (len(program) < 2 or program[1].startswith("-")):
+        return "-m without a module"
     wanted = request.get("env")
     if not isinstance(wanted, dict) or static(wanted) != env:
         differ = sorted(set(static(wanted or {}).items()) ^ set(env.items()))

@@ -1,15 +1,19 @@
 """Warm starts: the launcher's side of `harness.inside.warm_server`.
 
 Once `enable` has been called in a process (the test suite does, in each of its workers),
-`run_process` starts the reference trainer's processes through a warm-start server of that
-process: ``python -m MODULE ...`` or ``python SCRIPT.py ...`` becomes the server's small
-client (`harness.inside.warm_client`), and ``python -m torch.distributed.run OPTIONS -m
-MODULE ...`` runs that client as each of its workers (``--no-python``), so torchrun still
-starts, watches, signals and restarts every worker, and the worker is forked from an
-interpreter that imported torch once. One server serves every launch whose environment is
-its own but for what varies per process (`harness.inside.warm_server.VARYING_NAMES`); a
-command through the agent's bootstrap (``tightrope exec``), with interpreter options or
-another interpreter starts afresh as before, and so does a request the server refuses.
+`run_process` (and the tests' own ``run_module``) start processes of this interpreter
+through a warm-start server of that process: ``python -m MODULE ...`` or ``python
+SCRIPT.py ...`` becomes the server's small client (`harness.inside.warm_client`), and
+``python -m torch.distributed.run OPTIONS -m MODULE ...`` runs that client as each of its
+workers (``--no-python``), so torchrun still starts, watches, signals and restarts every
+worker, and the worker is forked from an interpreter that imported torch once. That covers
+the reference trainer's ranks and tightrope's own commands. One server serves every launch
+whose environment is its own but for what varies per process
+(`harness.inside.warm_server.VARYING_NAMES`). A command with interpreter options or another
+interpreter starts afresh as before, and so does a request the server refuses; so does
+what ``tightrope exec`` runs (it is forked, but replaces itself with its command, which
+starts afresh with the agent's bootstrap: a foreign or framework trainer), and what runs
+with the bootstrap on PYTHONPATH.
 
 Not on by default: a user's launch starts every process afresh. tests/test_warm_start.py
 shows a warm run leaves what a fresh one leaves.
