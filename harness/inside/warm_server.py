@@ -37,7 +37,7 @@ import socket
 import sys
 from typing import Any
 
-from harness.inside.zygote import PRELOAD, _exit_status, _import, become
+from harness.inside.zygote import PRELOAD, _import, become, reaped
 
 #: Variables that may differ between the server and a request: none of them is read when
 #: torch is imported. torchrun's per-worker ones (its compile caches too), tightrope's per-run
@@ -208,17 +208,11 @@ class _Server:
             _kill(pid)
 
     def reap(self) -> None:
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in reaped() if self.children else ():
             conn = self.children.pop(pid, None)
             if conn is None:
                 continue
-            _send(conn, {"exit": _exit_status(status)})
+            _send(conn, {"exit": code})
             if self.clients.pop(conn.fileno(), None) is not None:
                 self.selector.unregister(conn)
             conn.close()

@@ -32,6 +32,7 @@ import os
 import selectors
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 #: What the zygote imports before forking: torch, and ``torch._dynamo``, which torch imports
@@ -128,17 +129,24 @@ def serve(path: list[str], preload: tuple[str, ...] = ()) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-def _reap(children: dict[int, object], out: int) -> None:
-    while children:
+def reaped() -> Iterator[tuple[int, int]]:
+    """(pid, exit status as `_exit_status` says) of each child that has ended, reaped
+    without waiting."""
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, _exit_status(status)
+
+
+def _reap(children: dict[int, object], out: int) -> None:
+    for pid, code in reaped() if children else ():
         ident = children.pop(pid, None)
         if ident is not None:
-            _send(out, {"id": ident, "exit": _exit_status(status)})
+            _send(out, {"id": ident, "exit": code})
 
 
 def _child(request: dict[str, Any], path: list[str]) -> None:
