@@ -177,3 +177,33 @@ def test_a_refused_request_starts_afresh(tmp_path: Path, warm: None) -> None:
         )
     assert code == 0 and len(warm_start.forked()) == len(before) + 1
     assert SOCKET_ENV in env
+
+
+def _exec(run_dir: Path, *extra: str) -> list[str]:
+    """A foreign one-process trainer through ``tightrope exec`` (the agent attached)."""
+    script = str(Path(__file__).parent / "trainers" / "inplace_ckpt.py")
+    user = [sys.executable, script, "--out", str(run_dir / "ckpt"), "--steps", "6", *extra]
+    return [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), "--", *user]
+
+
+def _observed(run_dir: Path) -> tuple[list[float], list[object]]:
+    """What the agent saw: rank 0's losses and each save's file and bytes."""
+    journal = read_journal(run_dir)
+    saves = [(Path(e["path"]).name, e["sha256"]) for e in journal.of_kind("file_saved")]
+    return journal.losses(0), saves
+
+
+def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
+    tmp_path: Path, warm: None
+) -> None:
+    warm_start.close_all()
+    _run(_exec(tmp_path / "fresh"), tmp_path / "fresh.log")
+    warm_start.enable()
+    _run(_exec(tmp_path / "warm"), tmp_path / "warm.log")
+    assert len(warm_start.forked()) == 2  # exec itself, then the program it runs
+    fresh, warm_run = _observed(tmp_path / "fresh"), _observed(tmp_path / "warm")
+    assert len(fresh[0]) == 6 and fresh[1], fresh  # the agent saw every step and the saves
+    assert warm_run == fresh
+    # Negative control: another seed is seen to differ.
+    _run(_exec(tmp_path / "other", "--seed", "1"), tmp_path / "other.log")
+    assert _observed(tmp_path / "other") != fresh

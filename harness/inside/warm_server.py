@@ -37,7 +37,7 @@ import socket
 import sys
 from typing import Any
 
-from harness.inside.zygote import PRELOAD, _import, become, reaped
+from harness.inside.zygote import AGENT, PRELOAD, _import, _wrap_savers, become, reaped
 
 #: Variables that may differ between the server and a request: none of them is read when
 #: torch is imported. torchrun's per-worker ones (its compile caches too), tightrope's per-run
@@ -230,14 +230,20 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def serve(path: list[str], address: str) -> None:
+def serve(path: list[str], address: str, *, attached: bool = False) -> None:
     """Preload, listen on ``address`` and fork a child per request until stdin closes;
-    ``path``: ``sys.path`` as the interpreter made it (before the launcher's additions)."""
+    ``path``: ``sys.path`` as the interpreter made it (before the launcher's additions).
+    ``attached``: the programs run through the agent's bootstrap (``tightrope exec``); the
+    save and load functions are wrapped, and the agent's module imported, as in
+    `harness.inside.zygote.serve`, and each child attaches the agent as a fresh start would."""
     control = os.dup(0)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.close(null)
     _import(PRELOAD)
+    if attached:
+        _wrap_savers(attached=True)
+        _import((AGENT,))
     gc.collect()
     gc.freeze()  # see harness.inside.zygote.serve
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -194,7 +194,11 @@ def become(request: dict[str, Any], path: list[str]) -> None:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        exc = exc.with_traceback(tb)
+        # As the interpreter does for the exception it exits on, before its hook: the
+        # agent's end-of-run record reads the reason from sys.last_value.
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+        sys.excepthook(type(exc), exc, tb)
         raise SystemExit(1) from None
     raise SystemExit(0)
 

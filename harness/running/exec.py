@@ -29,6 +29,7 @@ from harness.inside.exec_env import BOOTSTRAP_DIR, ENV_PLAN, ENV_RUN_DIR, check_
 from harness.run_layout import RunLayout
 from harness.running.process_tree import kill_tree
 from harness.running.run_lock import RunDirLock
+from harness.running.warm_start import warm_exec
 
 
 class ExecError(TightropeError):
@@ -93,6 +94,7 @@ def run_command(
     sys.stdout.flush()
     sys.stderr.flush()
     if timeout is None:
+        argv = warm_exec(argv, env)  # forked warm where the test suite's launcher asks
         os.execvpe(argv[0], argv, env)
     # Signals that reach exec go to the command's group; one arriving before the command
     # exists waits for it rather than being lost.

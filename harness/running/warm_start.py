@@ -10,10 +10,13 @@ worker, and the worker is forked from an interpreter that imported torch once. T
 the reference trainer's ranks and tightrope's own commands. One server serves every launch
 whose environment is its own but for what varies per process
 (`harness.inside.warm_server.VARYING_NAMES`). A command with interpreter options or another
-interpreter starts afresh as before, and so does a request the server refuses; so does
-what ``tightrope exec`` runs (it is forked, but replaces itself with its command, which
-starts afresh with the agent's bootstrap: a foreign or framework trainer), and what runs
-with the bootstrap on PYTHONPATH.
+interpreter starts afresh as before, and so does a request the server refuses.
+``tightrope exec`` is forked too; the one-process command it runs (a foreign or framework
+trainer, ``python SCRIPT.py`` or ``python -m MODULE``) is forked from a second server, of
+the environment exec gives it (the agent's bootstrap first on PYTHONPATH), which wraps the
+save and load functions before forking as `harness.inside.zygote` does, and each child
+attaches the agent as a fresh start would (`warm_exec`). A torchrun command under exec
+starts afresh.
 
 Not on by default: a user's launch starts every process afresh. tests/test_warm_start.py
 shows a warm run leaves what a fresh one leaves.
@@ -41,8 +44,12 @@ from harness.running.process_tree import MARK, kill_tree
 _ROOT = Path(__file__).resolve().parents[2]
 CLIENT = str(_ROOT / "harness" / "inside" / "warm_client.py")
 _SERVE = "import sys; path = list(sys.path); sys.path.append({root!r}); "
-_SERVE += "from harness.inside.warm_server import serve; serve(path, {address!r})"
+_SERVE += "from harness.inside.warm_server import serve; "
+_SERVE += "serve(path, {address!r}, attached={attached!r})"
 _TORCHRUN = "torch.distributed.run"
+
+#: Where the launcher tells ``tightrope exec`` the server its command can be forked from.
+EXEC_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_SOCKET"
 
 #: Servers of this process at most (each holds torch in memory); a launch of another
 #: environment still starts afresh.
@@ -55,7 +62,8 @@ class _Server:
     def __init__(self, env: dict[str, str]) -> None:
         self.folder = tempfile.mkdtemp(prefix="tightrope-warm-")
         self.address = os.path.join(self.folder, "socket")
-        serve = _SERVE.format(root=str(_ROOT), address=self.address)
+        attached = _attached(env)
+        serve = _SERVE.format(root=str(_ROOT), address=self.address, attached=attached)
         with open(os.path.join(self.folder, "server.log"), "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", serve],
@@ -156,10 +164,18 @@ def rewrite(argv: Sequence[str]) -> list[str] | None:
     return None
 
 
+def _attached(env: dict[str, str]) -> bool:
+    return str(BOOTSTRAP_DIR) in env.get("PYTHONPATH", "").split(os.pathsep)
+
+
 def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """``argv`` to run with ``env`` (which gains the server's socket): its warm form once
-    `enable` was called and a server runs for ``env``, else ``argv`` itself."""
-    if not _enabled or str(BOOTSTRAP_DIR) in env.get("PYTHONPATH", "").split(os.pathsep):
+    `enable` was called and a server runs for ``env``, else ``argv`` itself.
+
+    ``tightrope exec`` (``python -m harness exec ...``) is forked too, and given a second
+    server, of the environment it gives its command (the agent's bootstrap first on
+    PYTHONPATH), in `EXEC_SOCKET_ENV`: `warm_exec` starts the command from there."""
+    if not _enabled or _attached(env):
         return list(argv)
     rewritten = rewrite(argv)
     if rewritten is None:
@@ -167,7 +183,29 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     server = _server_for(env)
     if server is None:
         return list(argv)
+    if list(argv[1:4]) == ["-m", "harness", "exec"]:
+        from harness.running.exec import child_env
+
+        attached = _server_for(child_env(env, Path(os.getcwd()), None))
+        if attached is not None:
+            env[EXEC_SOCKET_ENV] = attached.address
     env[SOCKET_ENV] = server.address
+    return rewritten
+
+
+def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
+    """In ``tightrope exec``: the command ``argv`` to run with ``env``, in its warm form
+    when the launcher gave exec a server (`EXEC_SOCKET_ENV`; then ``env`` gains its
+    socket) and it is one process (not torchrun), else ``argv`` itself."""
+    address = env.pop(EXEC_SOCKET_ENV, "")
+    # One process only: a torchrun job's workers started warm changed how far a surviving
+    # rank got before torchrun stopped it (a kill's lost steps, 3 where fresh gave 2).
+    torchrun = list(argv[1:3]) == ["-m", _TORCHRUN]
+    rewritten = rewrite(argv) if address and not torchrun else None
+    if rewritten is None:
+        env.pop(SOCKET_ENV, None)
+        return list(argv)
+    env[SOCKET_ENV] = address
     return rewritten
 
 
