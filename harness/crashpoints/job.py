@@ -3,7 +3,7 @@ crash-point hook armed (recording, or killing at a point), the agent fingerprint
 step; the other ranks stopped ``grace`` seconds after the point's rank died.
 
 A command trainer runs through the agent's bootstrap as ``tightrope exec`` runs it (the
-same environment: `harness.running.exec.child_env`); the reference trainer has its own
+same environment: `harness.inside.exec_env.child_env`); the reference trainer has its own
 agent and gets only the bootstrap folder on PYTHONPATH (for the hook). A job of several
 ranks is one command that starts them (torchrun): the hook arms in its workers (those with
 ``RANK``), not in torchrun itself.
@@ -28,10 +28,9 @@ from harness.inside.crash_hook import (
     ENV_WATCH,
     log_path,
 )
-from harness.inside.exec_env import BOOTSTRAP_DIR, ENV_FINGERPRINT
+from harness.inside.exec_env import BOOTSTRAP_DIR, ENV_FINGERPRINT, child_env
 from harness.inside.zygote import AGENT
 from harness.run_layout import RunLayout
-from harness.running.exec import child_env
 from harness.running.launch import Launch, run_process
 
 PLACEHOLDER = "{run_dir}"

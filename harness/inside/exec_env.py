@@ -1,13 +1,16 @@
 """What a command started by ``tightrope exec`` receives, and what it may be handed.
 
 The launcher (`harness.running.exec`) puts the run dir and plan in these variables and the
-bootstrap folder first on PYTHONPATH; the agent inside (`harness.inside.exec_runtime`,
+bootstrap folder first on PYTHONPATH (`child_env`; the warm-start launcher and the crash
+points' driver build the same environment with it); the agent inside (`harness.inside.exec_runtime`,
 `harness.inside.attach`) reads them back. Both sides import the names from here, so the
 inside never imports the launcher.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from faults import FaultPlan, FaultSpecError
@@ -31,3 +34,17 @@ def check_plan(plan: FaultPlan) -> FaultPlan:
                 "stream; an attached trainer has none (see docs/attach.md)"
             )
     return plan
+
+
+def child_env(base: Mapping[str, str], run_dir: Path, plan: Path | None) -> dict[str, str]:
+    """The command's environment: ``base`` plus the bootstrap folder, run dir and plan."""
+    env = dict(base)
+    env[ENV_RUN_DIR] = str(run_dir.resolve())
+    if plan is not None:
+        env[ENV_PLAN] = str(plan.resolve())
+    else:
+        env.pop(ENV_PLAN, None)
+    here = str(BOOTSTRAP_DIR)
+    rest = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
+    env["PYTHONPATH"] = os.pathsep.join([here, *rest])
+    return env

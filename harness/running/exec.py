@@ -20,12 +20,12 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from faults import FaultPlan
 from harness.errors import TightropeError
-from harness.inside.exec_env import BOOTSTRAP_DIR, ENV_PLAN, ENV_RUN_DIR, check_plan
+from harness.inside.exec_env import check_plan, child_env
 from harness.run_layout import RunLayout
 from harness.running.process_tree import kill_tree
 from harness.running.run_lock import RunDirLock
@@ -37,20 +37,6 @@ class ExecError(TightropeError):
 
 
 # -- the command ---------------------------------------------------------------------------
-
-
-def child_env(base: Mapping[str, str], run_dir: Path, plan: Path | None) -> dict[str, str]:
-    """The command's environment: ``base`` plus the bootstrap folder, run dir and plan."""
-    env = dict(base)
-    env[ENV_RUN_DIR] = str(run_dir.resolve())
-    if plan is not None:
-        env[ENV_PLAN] = str(plan.resolve())
-    else:
-        env.pop(ENV_PLAN, None)
-    here = str(BOOTSTRAP_DIR)
-    rest = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
-    env["PYTHONPATH"] = os.pathsep.join([here, *rest])
-    return env
 
 
 def check(command: Sequence[str], run_dir: Path, plan: Path | None) -> list[str]:

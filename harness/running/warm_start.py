@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.inside.exec_env import BOOTSTRAP_DIR
+from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
 from harness.inside.warm_client import SOCKET_ENV
 from harness.inside.warm_server import static
 from harness.running.process_tree import MARK, kill_tree
@@ -184,8 +184,6 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     if server is None:
         return list(argv)
     if list(argv[1:4]) == ["-m", "harness", "exec"]:
-        from harness.running.exec import child_env
-
         attached = _server_for(child_env(env, Path(os.getcwd()), None))
         if attached is not None:
             env[EXEC_SOCKET_ENV] = attached.address
