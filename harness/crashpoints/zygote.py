@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from harness.errors import TightropeError
 from harness.running.launch import Launch
-from harness.running.process_tree import MARK, kill_marked, kill_tree
+from harness.running.process_tree import MARK, end_by_stdin, kill_marked, kill_tree
 
 #: Variables that differ from run to run (the run dir, the crash hook's point, the launch's
 #: mark): a request's environment may differ from the zygote's in these only.
@@ -193,12 +193,5 @@ class Zygote:
 
     def close(self) -> None:
         """End the zygote (it kills any child still running)."""
-        if self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            kill_tree(self._proc.pid)
-            self._proc.wait()
+        end_by_stdin(self._proc)
         self._log.close()

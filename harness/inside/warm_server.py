@@ -28,7 +28,6 @@ Standard library only until the preload.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import selectors
@@ -37,7 +36,7 @@ import socket
 import sys
 from typing import Any
 
-from harness.inside.zygote import AGENT, PRELOAD, _import, _wrap_savers, become, reaped
+from harness.inside.zygote import AGENT, become, reaped, warm_up
 
 #: Variables that may differ between the server and a request: none of them is read when
 #: torch is imported. torchrun's per-worker ones (its compile caches too), tightrope's per-run
@@ -85,7 +84,6 @@ def _send(conn: socket.socket, record: dict[str, Any]) -> None:
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """One request and its three streams, or None for a malformed one."""
     data, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST, 3)
-    conn.setblocking(True)
     while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
         more = conn.recv(MAX_REQUEST)
         if not more:
@@ -129,7 +127,6 @@ class _Server:
         self.unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
-        self.clients: dict[int, int] = {}  # connection fd -> pid
 
     def run(self, control: int) -> None:
         self.selector.register(control, selectors.EVENT_READ, "control")
@@ -189,7 +186,6 @@ class _Server:
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn
-        self.clients[conn.fileno()] = pid
         self.selector.register(conn, selectors.EVENT_READ, "client")
         _send(conn, {"pid": pid})
         print(f"forked {pid}: {' '.join(request['argv'][1:])}", file=sys.stderr, flush=True)
@@ -202,10 +198,9 @@ class _Server:
             data = b""
         if data:
             return
-        pid = self.clients.pop(conn.fileno(), None)
         self.selector.unregister(conn)
-        if pid is not None:
-            _kill(pid)
+        for pid in [pid for pid, client in self.children.items() if client is conn]:
+            _kill(pid)  # reaped, and its connection closed, by `reap`
 
     def reap(self) -> None:
         for pid, code in reaped() if self.children else ():
@@ -213,7 +208,7 @@ class _Server:
             if conn is None:
                 continue
             _send(conn, {"exit": code})
-            if self.clients.pop(conn.fileno(), None) is not None:
+            if conn.fileno() in self.selector.get_map():  # its client still waits
                 self.selector.unregister(conn)
             conn.close()
 
@@ -240,12 +235,7 @@ def serve(path: list[str], address: str, *, attached: bool = False) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.close(null)
-    _import(PRELOAD)
-    if attached:
-        _wrap_savers(attached=True)
-        _import((AGENT,))
-    gc.collect()
-    gc.freeze()  # see harness.inside.zygote.serve
+    warm_up((AGENT,) if attached else (), wrap=attached, attached=attached)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)

@@ -71,6 +71,19 @@ def _wrap_savers(*, attached: bool) -> None:
     wrap_writers()
 
 
+def warm_up(preload: tuple[str, ...], *, wrap: bool, attached: bool) -> None:
+    """Before the first fork: import torch (`PRELOAD`); with ``wrap``, wrap the save and
+    load functions (`_wrap_savers`) before ``preload`` is imported; then put everything
+    imported out of the collector's reach, so a child's first collections do not walk (and
+    copy, page by page) the whole of torch."""
+    _import(PRELOAD)
+    if wrap:
+        _wrap_savers(attached=attached)
+    _import(preload)
+    gc.collect()
+    gc.freeze()
+
+
 def _exit_status(status: int) -> int:
     if os.WIFSIGNALED(status):
         return -os.WTERMSIG(status)
@@ -91,13 +104,7 @@ def serve(path: list[str], preload: tuple[str, ...] = ()) -> None:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    _import(PRELOAD)
-    _wrap_savers(attached=AGENT in preload)
-    _import(preload)
-    # What was imported stays for every child: out of the collector's reach, so a child's
-    # first collections do not walk (and copy, page by page) the whole of torch.
-    gc.collect()
-    gc.freeze()
+    warm_up(preload, wrap=True, attached=AGENT in preload)
     children: dict[int, object] = {}
     selector = selectors.DefaultSelector()
     selector.register(inp, selectors.EVENT_READ)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -70,6 +71,19 @@ def kill_tree(pid: int) -> None:
     _signal(pid, signal.SIGKILL)
     for child in frozen:
         _signal(child, signal.SIGKILL)
+
+
+def end_by_stdin(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
+    """End a helper that ends when its stdin closes (and kills what it started then):
+    close it, wait ``grace`` seconds, then kill its tree."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.wait()
 
 
 #: The environment variable that marks every process of one launch.

@@ -39,7 +39,7 @@ from pathlib import Path
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
 from harness.inside.warm_client import SOCKET_ENV
 from harness.inside.warm_server import static
-from harness.running.process_tree import MARK, kill_tree
+from harness.running.process_tree import MARK, end_by_stdin
 
 _ROOT = Path(__file__).resolve().parents[2]
 CLIENT = str(_ROOT / "harness" / "inside" / "warm_client.py")
@@ -80,14 +80,7 @@ class _Server:
 
     def close(self) -> None:
         """End the server (it kills any child still running) and remove its folder."""
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            kill_tree(self.proc.pid)
-            self.proc.wait()
+        end_by_stdin(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         shutil.rmtree(self.folder, ignore_errors=True)
