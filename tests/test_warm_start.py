@@ -179,31 +179,85 @@ def test_a_refused_request_starts_afresh(tmp_path: Path, warm: None) -> None:
     assert SOCKET_ENV in env
 
 
-def _exec(run_dir: Path, *extra: str) -> list[str]:
-    """A foreign one-process trainer through ``tightrope exec`` (the agent attached)."""
-    script = str(Path(__file__).parent / "trainers" / "inplace_ckpt.py")
-    user = [sys.executable, script, "--out", str(run_dir / "ckpt"), "--steps", "6", *extra]
+TESTS = Path(__file__).parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts", "0"]
+
+
+def _inplace(run_dir: Path, *extra: str) -> list[str]:
+    """A foreign one-process trainer (torch only)."""
+    script = str(TESTS / "trainers" / "inplace_ckpt.py")
+    return [sys.executable, script, "--out", str(run_dir / "ckpt"), "--steps", "6", *extra]
+
+
+def _lightning(run_dir: Path, *extra: str) -> list[str]:
+    """Lightning under torchrun, one worker: forked from a server that imported Lightning."""
+    script = str(TESTS / "frameworks" / "lightning_trainer.py")
+    user = [script, "--out", str(run_dir / "out"), "--steps", "6", "--save-every", "3", *extra]
+    return [*TORCHRUN, "--nproc-per-node", "1", *user]
+
+
+def _snapshot(run_dir: Path, *extra: str) -> list[str]:
+    """A DDP job of two workers (each forked from the server without a preload)."""
+    script = str(TESTS / "trainers" / "ddp_snapshot.py")
+    user = [script, "--steps", "8", "--save-every", "1", *extra]
+    return [*TORCHRUN, "--nproc-per-node", "2", *user]
+
+
+def _exec(user: list[str], run_dir: Path) -> list[str]:
+    """``user`` through ``tightrope exec`` (the agent attached)."""
     return [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), "--", *user]
 
 
-def _observed(run_dir: Path) -> tuple[list[float], list[object]]:
-    """What the agent saw: rank 0's losses and each save's file and bytes."""
+def _observed(run_dir: Path) -> tuple[dict[int, list[float]], list[object]]:
+    """What the agent saw: each rank's losses and each save's file and bytes."""
     journal = read_journal(run_dir)
     saves = [(Path(e["path"]).name, e["sha256"]) for e in journal.of_kind("file_saved")]
-    return journal.losses(0), saves
+    return {rank: journal.losses(rank) for rank in journal.ranks}, sorted(saves)
 
 
+@pytest.mark.parametrize(
+    ("command", "ranks", "preload"),
+    [
+        pytest.param(_inplace, 1, (), id="one-process"),
+        pytest.param(_lightning, 1, ("lightning",), id="lightning"),
+        pytest.param(_snapshot, 2, (), id="torchrun", marks=pytest.mark.distributed),
+    ],
+)
 def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
-    tmp_path: Path, warm: None
+    command: Callable[..., list[str]],
+    ranks: int,
+    preload: tuple[str, ...],
+    tmp_path: Path,
+    warm: None,
 ) -> None:
+    assert set(preload) <= {n.split(":")[0] for n in warm_start.preload_of(command(tmp_path))}
     warm_start.close_all()
-    _run(_exec(tmp_path / "fresh"), tmp_path / "fresh.log")
+    _run(_exec(command(tmp_path / "fresh"), tmp_path / "fresh"), tmp_path / "fresh.log")
     warm_start.enable()
-    _run(_exec(tmp_path / "warm"), tmp_path / "warm.log")
-    assert len(warm_start.forked()) == 2  # exec itself, then the program it runs
+    _run(_exec(command(tmp_path / "warm"), tmp_path / "warm"), tmp_path / "warm.log")
+    assert len(warm_start.forked()) == 1 + ranks  # exec itself, then each of its processes
     fresh, warm_run = _observed(tmp_path / "fresh"), _observed(tmp_path / "warm")
-    assert len(fresh[0]) == 6 and fresh[1], fresh  # the agent saw every step and the saves
+    steps = 8 if ranks == 2 else 6
+    assert [len(losses) for losses in fresh[0].values()] == [steps] * ranks, fresh
+    assert fresh[1], fresh  # the agent saw every step and the saves
     assert warm_run == fresh
-    # Negative control: another seed is seen to differ.
-    _run(_exec(tmp_path / "other", "--seed", "1"), tmp_path / "other.log")
-    assert _observed(tmp_path / "other") != fresh
+    if command is _inplace:  # Negative control: another seed is seen to differ.
+        other = _exec(command(tmp_path / "other", "--seed", "1"), tmp_path / "other")
+        _run(other, tmp_path / "other.log")
+        assert _observed(tmp_path / "other") != fresh
+
+
+def test_a_server_preloads_only_what_a_one_process_script_installs(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from __future__ import annotations\nimport json, torch\nimport yaml\n"
+        "from torch import nn\nfrom pydantic import BaseModel\nfrom helpers import x\n"
+        "def main():\n    import numpy\n"
+    )
+    one = [sys.executable, str(script)]
+    # Installed (yaml, pydantic's name); not the standard library's, torch (every server
+    # imports it), the program's own, nor an import inside a function.
+    assert warm_start.preload_of(one) == ("yaml", "pydantic:BaseModel")
+    assert warm_start.preload_of([*TORCHRUN, "--nproc-per-node", "1", str(script)])
+    assert warm_start.preload_of([*TORCHRUN, "--nproc-per-node", "2", str(script)]) == ()
+    assert warm_start.preload_of([sys.executable, "-X", "dev", str(script)]) == ()

@@ -100,8 +100,12 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     return request, fds
 
 
-def _refusal(request: dict[str, Any], env: dict[str, str], unbuffered: bool) -> str | None:
-    """Why ``request`` cannot be forked from here, or None."""
+def _refusal(
+    request: dict[str, Any], env: dict[str, str], unbuffered: bool, one_process: bool = False
+) -> str | None:
+    """Why ``request`` cannot be forked from here, or None. ``one_process``: the server
+    preloaded installed modules, which may read a rank's variables when imported (Lightning
+    reads ``RANK`` and ``LOCAL_RANK``), so it serves no process of a job of several."""
     argv = request.get("argv")
     if not isinstance(argv, list) or len(argv) < 2 or argv[0] != sys.executable:
         return "not this interpreter"
@@ -113,6 +117,8 @@ def _refusal(request: dict[str, Any], env: dict[str, str], unbuffered: bool) -> 
     if program[0] == "-m" and (len(program) < 2 or program[1].startswith("-")):
         return "-m without a module"
     wanted = request.get("env")
+    if one_process and isinstance(wanted, dict) and wanted.get("WORLD_SIZE", "1") != "1":
+        return "one of several processes, and modules preloaded that may read its rank"
     if not isinstance(wanted, dict) or static(wanted) != env:
         differ = sorted(set(static(wanted or {}).items()) ^ set(env.items()))
         return "another environment: " + ", ".join(sorted({k for k, _ in differ}))[:200]
@@ -120,9 +126,10 @@ def _refusal(request: dict[str, Any], env: dict[str, str], unbuffered: bool) -> 
 
 
 class _Server:
-    def __init__(self, path: list[str], listener: socket.socket) -> None:
+    def __init__(self, path: list[str], listener: socket.socket, *, one_process: bool) -> None:
         self.path = path
         self.listener = listener
+        self.one_process = one_process
         self.env = static(dict(os.environ))
         self.unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         self.selector = selectors.DefaultSelector()
@@ -152,7 +159,7 @@ class _Server:
                 conn.close()
                 return
             request, fds = received
-            reason = _refusal(request, self.env, self.unbuffered)
+            reason = _refusal(request, self.env, self.unbuffered, self.one_process)
             if reason is not None:
                 for fd in fds:
                     os.close(fd)
@@ -225,19 +232,23 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def serve(path: list[str], address: str, *, attached: bool = False) -> None:
+def serve(
+    path: list[str], address: str, *, attached: bool = False, preload: tuple[str, ...] = ()
+) -> None:
     """Preload, listen on ``address`` and fork a child per request until stdin closes;
     ``path``: ``sys.path`` as the interpreter made it (before the launcher's additions).
     ``attached``: the programs run through the agent's bootstrap (``tightrope exec``); the
     save and load functions are wrapped, and the agent's module imported, as in
-    `harness.inside.zygote.serve`, and each child attaches the agent as a fresh start would."""
+    `harness.inside.zygote.serve`, and each child attaches the agent as a fresh start would.
+    ``preload``: installed modules the program imports (`harness.inside.zygote._import`);
+    with any, only a one-process program is served (see `_refusal`)."""
     control = os.dup(0)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.close(null)
-    warm_up((AGENT,) if attached else (), wrap=attached, attached=attached)
+    warm_up(((AGENT,) if attached else ()) + preload, wrap=attached, attached=attached)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
     print("ready", flush=True)
-    _Server(path, listener).run(control)
+    _Server(path, listener, one_process=bool(preload)).run(control)

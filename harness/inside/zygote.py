@@ -48,12 +48,20 @@ AGENT = "harness.inside.exec_runtime"
 
 
 def _import(names: tuple[str, ...]) -> None:
-    for name in names:
+    """Import each of ``names``: a module, or ``MODULE:NAME`` for a name the program takes
+    from a module (``from transformers import Trainer``: a lazy module imports the
+    submodule that defines it only when asked for it)."""
+    for entry in names:
+        name, _, attribute = entry.partition(":")
         if name not in sys.modules:
             try:
                 __import__(name)
             except Exception:  # the program imports it its own way, if at all
                 sys.modules.pop(name, None)
+                continue
+        if attribute and name in sys.modules:
+            with contextlib.suppress(Exception):
+                getattr(sys.modules[name], attribute)
 
 
 def _wrap_savers(*, attached: bool) -> None:

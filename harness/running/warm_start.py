@@ -24,46 +24,54 @@ shows a warm run leaves what a fresh one leaves.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
+import importlib.util
+import io
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
 from harness.inside.warm_client import SOCKET_ENV
 from harness.inside.warm_server import static
-from harness.running.process_tree import MARK, end_by_stdin
+from harness.running.process_tree import MARK, descendants, end_by_stdin
 
 _ROOT = Path(__file__).resolve().parents[2]
 CLIENT = str(_ROOT / "harness" / "inside" / "warm_client.py")
 _SERVE = "import sys; path = list(sys.path); sys.path.append({root!r}); "
 _SERVE += "from harness.inside.warm_server import serve; "
-_SERVE += "serve(path, {address!r}, attached={attached!r})"
+_SERVE += "serve(path, {address!r}, attached={attached!r}, preload={preload!r})"
 _TORCHRUN = "torch.distributed.run"
 
 #: Where the launcher tells ``tightrope exec`` the server its command can be forked from.
 EXEC_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_SOCKET"
 
-#: Servers of this process at most (each holds torch in memory); a launch of another
-#: environment still starts afresh.
-MAX_SERVERS = 3
+#: Servers of this process at most (each holds torch in memory: the plain one, the attached
+#: one, one per framework a one-process program imports). A launch of another environment
+#: ends the least recently used server that serves nobody now, else starts afresh.
+MAX_SERVERS = 4
 
 
 class _Server:
     """One warm-start server process (see the module)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...]) -> None:
         self.folder = tempfile.mkdtemp(prefix="tightrope-warm-")
         self.address = os.path.join(self.folder, "socket")
         attached = _attached(env)
-        serve = _SERVE.format(root=str(_ROOT), address=self.address, attached=attached)
+        serve = _SERVE.format(
+            root=str(_ROOT), address=self.address, attached=attached, preload=preload
+        )
         with open(os.path.join(self.folder, "server.log"), "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", serve],
@@ -75,8 +83,13 @@ class _Server:
             )
         assert self.proc.stdout is not None
         self.ready = self.proc.stdout.readline().strip() == b"ready"
+        self.used = time.monotonic()
         if not self.ready:
             self.close()
+
+    def idle(self) -> bool:
+        """Serving nobody: no child of the server runs (its children are what it forked)."""
+        return self.proc.poll() is not None or not descendants(self.proc.pid)
 
     def close(self) -> None:
         """End the server (it kills any child still running) and remove its folder."""
@@ -87,7 +100,7 @@ class _Server:
 
 
 _lock = threading.Lock()
-_servers: dict[frozenset[tuple[str, str]], _Server] = {}
+_servers: dict[tuple[frozenset[tuple[str, str]], tuple[str, ...]], _Server] = {}
 _enabled = False
 
 
@@ -137,24 +150,93 @@ def _client(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-I", "-S", CLIENT, *argv]
 
 
+class _Torchrun(NamedTuple):
+    """A ``python -m torch.distributed.run OPTIONS PROGRAM`` command, read by torchrun's own
+    argument parser."""
+
+    options: list[str]  # torchrun's, less -m
+    worker: list[str]  # what torchrun runs as each worker: python -u [-m] PROGRAM ARGS
+    processes: int  # nodes x processes per node; 0 when not a number here
+
+
+def _torchrun(argv: Sequence[str]) -> _Torchrun | None:
+    if len(argv) < 4 or argv[0] != sys.executable or list(argv[1:3]) != ["-m", _TORCHRUN]:
+        return None
+    from torch.distributed.run import get_args_parser
+
+    rest = list(argv[3:])
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = get_args_parser().parse_args(rest)
+    except SystemExit:
+        return None
+    if args.no_python or args.run_path or args.training_script.startswith("-"):
+        return None
+    at = len(rest) - len(args.training_script_args) - 1
+    options = [word for word in rest[:at] if word not in ("-m", "--module")]
+    program = ["-m", args.training_script] if args.module else [args.training_script]
+    worker = [sys.executable, "-u", *program, *args.training_script_args]
+    nodes, per_node = str(args.nnodes).split(":")[-1], str(args.nproc_per_node)  # MIN:MAX
+    processes = int(nodes) * int(per_node) if nodes.isdigit() and per_node.isdigit() else 0
+    return _Torchrun(options, worker, processes)
+
+
 def rewrite(argv: Sequence[str]) -> list[str] | None:
     """The warm form of ``argv``, or None when it has none (see the module)."""
     if len(argv) < 3 or argv[0] != sys.executable:
         return None
     if argv[1] == "-m" and argv[2] == _TORCHRUN:
-        rest = list(argv[3:])
-        if "-m" not in rest or "--no-python" in rest or "--no_python" in rest:
+        job = _torchrun(argv)
+        if job is None:
             return None
-        at = rest.index("-m")
-        if at + 1 >= len(rest) or rest[at + 1].startswith("-"):
-            return None
-        worker = [sys.executable, "-u", *rest[at:]]
-        return [*argv[:3], *rest[:at], "--no-python", *_client(worker)]
+        return [*argv[:3], *job.options, "--no-python", *_client(job.worker)]
     if argv[1] == "-m" and not argv[2].startswith("-"):
         return _client(argv)
     if argv[1].endswith(".py") and not argv[1].startswith("-"):
         return _client(argv)
     return None
+
+
+def preload_of(command: Sequence[str]) -> tuple[str, ...]:
+    """What a server may import for ``command`` beyond torch (which every server imports):
+    the installed modules (and the names taken from them) its script imports at its top
+    level, when the command is one process (``python SCRIPT.py``, or torchrun running one);
+    else nothing. Never the program's own modules."""
+    job = _torchrun(command)
+    if job is not None:
+        if job.processes != 1:
+            return ()
+        command = job.worker
+    script = next((w for w in command[1:] if not w.startswith("-")), "")
+    if len(command) < 2 or command[0] != sys.executable or not script.endswith(".py"):
+        return ()
+    if command[1].startswith("-") and command[1] != "-u":
+        return ()
+    try:
+        tree = ast.parse(Path(script).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names += [f"{node.module}:{alias.name}" for alias in node.names]
+    tops = {name: name.split(":")[0].split(".")[0] for name in dict.fromkeys(names)}
+    return tuple(name for name, top in tops.items() if top != "torch" and _installed(top))
+
+
+def _installed(top: str) -> bool:
+    """``top`` is an installed package or module (where `harness.inside.crash_hook` says a
+    recording run's installed modules live), not the program's own nor the standard
+    library's."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    places = [spec.origin or ""] if spec is not None else []
+    places += list(spec.submodule_search_locations or []) if spec is not None else []
+    return any(f"-packages{os.sep}" in place for place in places)
 
 
 def _attached(env: dict[str, str]) -> bool:
@@ -177,7 +259,8 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     if server is None:
         return list(argv)
     if list(argv[1:4]) == ["-m", "harness", "exec"]:
-        attached = _server_for(child_env(env, Path(os.getcwd()), None))
+        command = argv[argv.index("--") + 1 :] if "--" in argv else []
+        attached = _server_for(child_env(env, Path(os.getcwd()), None), preload_of(command))
         if attached is not None:
             env[EXEC_SOCKET_ENV] = attached.address
     env[SOCKET_ENV] = server.address
@@ -187,12 +270,9 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
 def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """In ``tightrope exec``: the command ``argv`` to run with ``env``, in its warm form
     when the launcher gave exec a server (`EXEC_SOCKET_ENV`; then ``env`` gains its
-    socket) and it is one process (not torchrun), else ``argv`` itself."""
+    socket), else ``argv`` itself."""
     address = env.pop(EXEC_SOCKET_ENV, "")
-    # One process only: a torchrun job's workers started warm changed how far a surviving
-    # rank got before torchrun stopped it (a kill's lost steps, 3 where fresh gave 2).
-    torchrun = list(argv[1:3]) == ["-m", _TORCHRUN]
-    rewritten = rewrite(argv) if address and not torchrun else None
+    rewritten = rewrite(argv) if address else None
     if rewritten is None:
         env.pop(SOCKET_ENV, None)
         return list(argv)
@@ -200,17 +280,21 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     return rewritten
 
 
-def _server_for(env: dict[str, str]) -> _Server | None:
-    key = frozenset({**static(env), "": os.getcwd()}.items())
+def _server_for(env: dict[str, str], preload: tuple[str, ...] = ()) -> _Server | None:
+    key = (frozenset({**static(env), "": os.getcwd()}.items()), preload)
     with _lock:
         if not _enabled:
             return None
         server = _servers.get(key)
         if server is not None and server.proc.poll() is None:
+            server.used = time.monotonic()
             return server
         if server is None and len(_servers) >= MAX_SERVERS:
-            return None  # a launch of yet another environment starts afresh
-        server = _Server(env)
+            idle = [k for k, s in _servers.items() if s.idle()]
+            if not idle:
+                return None  # a launch of yet another environment starts afresh
+            _servers.pop(min(idle, key=lambda k: _servers[k].used)).close()
+        server = _Server(env, preload)
         if not server.ready:
             _servers.pop(key, None)
             return None
