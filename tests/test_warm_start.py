@@ -7,6 +7,7 @@ what makes that a faithful shortcut."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from harness.inside.warm_client import SOCKET_ENV
 from harness.records.journal import read_journal
 from harness.running import warm_start
 from harness.running.launch import run_process
+from harness.running.process_tree import descendants
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
 
 from .test_trainer import assert_same_tensors, final_state
@@ -180,6 +182,7 @@ def test_a_refused_request_starts_afresh(tmp_path: Path, warm: None) -> None:
 
 
 TESTS = Path(__file__).parent
+FINAL = "final.safetensors"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts", "0"]
 
 
@@ -190,17 +193,12 @@ def _inplace(run_dir: Path, *extra: str) -> list[str]:
 
 
 def _lightning(run_dir: Path, *extra: str) -> list[str]:
-    """Lightning under torchrun, one worker: forked from a server that imported Lightning."""
+    """Lightning under torchrun, one worker: forked from a server that imported Lightning.
+    Its checkpoints hold their folder's path, so its final weights are what is compared."""
     script = str(TESTS / "frameworks" / "lightning_trainer.py")
-    user = [script, "--out", str(run_dir / "out"), "--steps", "6", "--save-every", "3", *extra]
+    user = [script, "--out", str(run_dir / "out"), "--steps", "6", "--save-every", "3"]
+    user += ["--final-weights", str(run_dir / FINAL), *extra]
     return [*TORCHRUN, "--nproc-per-node", "1", *user]
-
-
-def _snapshot(run_dir: Path, *extra: str) -> list[str]:
-    """A DDP job of two workers (each forked from the server without a preload)."""
-    script = str(TESTS / "trainers" / "ddp_snapshot.py")
-    user = [script, "--steps", "8", "--save-every", "1", *extra]
-    return [*TORCHRUN, "--nproc-per-node", "2", *user]
 
 
 def _exec(user: list[str], run_dir: Path) -> list[str]:
@@ -209,37 +207,35 @@ def _exec(user: list[str], run_dir: Path) -> list[str]:
 
 
 def _observed(run_dir: Path) -> tuple[dict[int, list[float]], list[object]]:
-    """What the agent saw: each rank's losses and each save's file and bytes."""
+    """What the agent saw: each rank's losses and each save's file and bytes (where the
+    program writes its final weights apart: each save's file, and those weights' bytes)."""
     journal = read_journal(run_dir)
-    saves = [(Path(e["path"]).name, e["sha256"]) for e in journal.of_kind("file_saved")]
+    final = run_dir / FINAL
+    saves = [
+        (Path(e["path"]).name, "" if final.exists() else e["sha256"])
+        for e in journal.of_kind("file_saved")
+    ]
+    if final.exists():
+        saves.append((FINAL, hashlib.sha256(final.read_bytes()).hexdigest()))
     return {rank: journal.losses(rank) for rank in journal.ranks}, sorted(saves)
 
 
 @pytest.mark.parametrize(
-    ("command", "ranks", "preload"),
-    [
-        pytest.param(_inplace, 1, (), id="one-process"),
-        pytest.param(_lightning, 1, ("lightning",), id="lightning"),
-        pytest.param(_snapshot, 2, (), id="torchrun", marks=pytest.mark.distributed),
-    ],
+    ("command", "preload"),
+    [(_inplace, ()), (_lightning, ("lightning",))],
+    ids=["one-process", "lightning"],
 )
 def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
-    command: Callable[..., list[str]],
-    ranks: int,
-    preload: tuple[str, ...],
-    tmp_path: Path,
-    warm: None,
+    command: Callable[..., list[str]], preload: tuple[str, ...], tmp_path: Path, warm: None
 ) -> None:
     assert set(preload) <= {n.split(":")[0] for n in warm_start.preload_of(command(tmp_path))}
     warm_start.close_all()
     _run(_exec(command(tmp_path / "fresh"), tmp_path / "fresh"), tmp_path / "fresh.log")
     warm_start.enable()
     _run(_exec(command(tmp_path / "warm"), tmp_path / "warm"), tmp_path / "warm.log")
-    assert len(warm_start.forked()) == 1 + ranks  # exec itself, then each of its processes
+    assert len(warm_start.forked()) == 2  # exec itself, then the program it runs
     fresh, warm_run = _observed(tmp_path / "fresh"), _observed(tmp_path / "warm")
-    steps = 8 if ranks == 2 else 6
-    assert [len(losses) for losses in fresh[0].values()] == [steps] * ranks, fresh
-    assert fresh[1], fresh  # the agent saw every step and the saves
+    assert len(fresh[0][0]) == 6 and fresh[1], fresh  # the agent saw every step and the saves
     assert warm_run == fresh
     if command is _inplace:  # Negative control: another seed is seen to differ.
         other = _exec(command(tmp_path / "other", "--seed", "1"), tmp_path / "other")
@@ -261,3 +257,38 @@ def test_a_server_preloads_only_what_a_one_process_script_installs(tmp_path: Pat
     assert warm_start.preload_of([*TORCHRUN, "--nproc-per-node", "1", str(script)])
     assert warm_start.preload_of([*TORCHRUN, "--nproc-per-node", "2", str(script)]) == ()
     assert warm_start.preload_of([sys.executable, "-X", "dev", str(script)]) == ()
+
+
+def test_exec_forks_one_process_commands_only() -> None:
+    """A torchrun job of several processes under exec starts afresh (see warm_exec)."""
+    one = [*TORCHRUN, "--nproc-per-node", "1", "train.py", "--steps", "3"]
+    for command, forked in [(one, True), ([*one[:-4], "2", *one[-3:]], False)]:
+        env = {warm_start.EXEC_SOCKET_ENV: "/nowhere/socket"}
+        argv = warm_start.warm_exec(command, env)
+        assert (argv != command) is forked and (SOCKET_ENV in env) is forked, argv
+        assert warm_start.EXEC_SOCKET_ENV not in env
+    assert warm_start.warm_exec(one, {}) == one  # no server given: as it is
+
+
+def test_a_launch_of_another_environment_replaces_an_idle_server(
+    tmp_path: Path, warm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warm_start.close_all()
+    warm_start.enable()
+    monkeypatch.setattr(warm_start, "MAX_SERVERS", 1)
+    env, other = dict(ENV), {**ENV, "TIGHTROPE_TEST_OTHER": "", "OTHER": "1"}
+    long = warm_start.warm(_one(tmp_path / "a", "--steps", "400"), env)
+    (server,) = warm_start.server_pids()
+    proc = subprocess.Popen(long, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: len(warm_start.forked()) == 1, "the run forked")
+        # The only server serves a run: another environment's launch starts afresh.
+        assert warm_start.warm(_one(tmp_path / "b"), dict(other)) == _one(tmp_path / "b")
+        assert warm_start.server_pids() == {server}
+    finally:
+        proc.kill()  # the client: its server kills the child
+        proc.wait()
+    _wait_for(lambda: not descendants(server), "the child gone")
+    # Idle now: it makes way for the other environment's server.
+    assert warm_start.warm(_one(tmp_path / "c"), dict(other)) != _one(tmp_path / "c")
+    assert server not in warm_start.server_pids() and len(warm_start.server_pids()) == 1

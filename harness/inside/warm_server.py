@@ -163,6 +163,7 @@ class _Server:
             if reason is not None:
                 for fd in fds:
                     os.close(fd)
+                print(f"refused: {reason}", file=sys.stderr, flush=True)
                 _send(conn, {"refused": reason})
                 conn.close()
                 return

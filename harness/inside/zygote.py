@@ -79,15 +79,25 @@ def _wrap_savers(*, attached: bool) -> None:
     wrap_writers()
 
 
+#: The environment variables the preload's imports set (Lightning sets
+#: ``PYTORCH_NVML_BASED_CUDA_CHECK`` when imported): a child sets them again over its
+#: run's environment, as the imports would have in a fresh start (`become`).
+_set_on_import: dict[str, str] = {}
+
+
 def warm_up(preload: tuple[str, ...], *, wrap: bool, attached: bool) -> None:
     """Before the first fork: import torch (`PRELOAD`); with ``wrap``, wrap the save and
     load functions (`_wrap_savers`) before ``preload`` is imported; then put everything
     imported out of the collector's reach, so a child's first collections do not walk (and
     copy, page by page) the whole of torch."""
+    before = dict(os.environ)
     _import(PRELOAD)
     if wrap:
         _wrap_savers(attached=attached)
     _import(preload)
+    _set_on_import.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+    os.environ.clear()
+    os.environ.update(before)  # the environment requests are compared with
     gc.collect()
     gc.freeze()
 
@@ -185,6 +195,7 @@ def become(request: dict[str, Any], path: list[str]) -> None:
     interpreter would (never returns)."""
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ.update(_set_on_import)
     if request.get("cwd"):
         os.chdir(request["cwd"])
     argv: list[str] = request["argv"][1:]

@@ -4,7 +4,7 @@ Once `enable` has been called in a process (the test suite does, in each of its 
 `run_process` (and the tests' own ``run_module``) start processes of this interpreter
 through a warm-start server of that process: ``python -m MODULE ...`` or ``python
 SCRIPT.py ...`` becomes the server's small client (`harness.inside.warm_client`), and
-``python -m torch.distributed.run OPTIONS -m MODULE ...`` runs that client as each of its
+``python -m torch.distributed.run OPTIONS [-m] PROGRAM ...`` runs that client as each of its
 workers (``--no-python``), so torchrun still starts, watches, signals and restarts every
 worker, and the worker is forked from an interpreter that imported torch once. That covers
 the reference trainer's ranks and tightrope's own commands. One server serves every launch
@@ -12,11 +12,13 @@ whose environment is its own but for what varies per process
 (`harness.inside.warm_server.VARYING_NAMES`). A command with interpreter options or another
 interpreter starts afresh as before, and so does a request the server refuses.
 ``tightrope exec`` is forked too; the one-process command it runs (a foreign or framework
-trainer, ``python SCRIPT.py`` or ``python -m MODULE``) is forked from a second server, of
-the environment exec gives it (the agent's bootstrap first on PYTHONPATH), which wraps the
-save and load functions before forking as `harness.inside.zygote` does, and each child
-attaches the agent as a fresh start would (`warm_exec`). A torchrun command under exec
-starts afresh.
+trainer, ``python SCRIPT.py``, ``python -m MODULE``, or torchrun running one worker) is
+forked from a server of the environment exec gives it (the agent's bootstrap first on
+PYTHONPATH), which wraps the save and load functions before forking as
+`harness.inside.zygote` does, and has imported the installed modules the script imports
+(`preload_of`: Lightning, transformers); each child attaches the agent as a fresh start
+would (`warm_exec`). A torchrun job of several processes under exec starts afresh.
+At most `MAX_SERVERS` servers; the least recently used idle one makes way for another.
 
 Not on by default: a user's launch starts every process afresh. tests/test_warm_start.py
 shows a warm run leaves what a fresh one leaves.
@@ -270,9 +272,15 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
 def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """In ``tightrope exec``: the command ``argv`` to run with ``env``, in its warm form
     when the launcher gave exec a server (`EXEC_SOCKET_ENV`; then ``env`` gains its
-    socket), else ``argv`` itself."""
+    socket) and it is one process (``python SCRIPT``, or torchrun running one), else
+    ``argv`` itself."""
     address = env.pop(EXEC_SOCKET_ENV, "")
-    rewritten = rewrite(argv) if address else None
+    # One process only: forked, ranks of a foreign job of several (a Hugging Face Trainer
+    # under DDP, a DDP loop with fail-slow faults) at times aborted or hung as they exited
+    # ("terminate called without an active exception"), which fresh ones never did.
+    job = _torchrun(argv)
+    several = job is not None and job.processes != 1
+    rewritten = rewrite(argv) if address and not several else None
     if rewritten is None:
         env.pop(SOCKET_ENV, None)
         return list(argv)
