@@ -275,10 +275,10 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     socket) and it is one process (``python SCRIPT``, or torchrun running one), else
     ``argv`` itself."""
     address = env.pop(EXEC_SOCKET_ENV, "")
-    # One process only: forked, ranks of a foreign job of several (a Hugging Face Trainer
-    # under DDP, a DDP loop with fail-slow faults) at times aborted or hung as they exited
-    # ("terminate called without an active exception"), which fresh ones never did.
-    job = _torchrun(argv)
+    # One process only: forked, a rank of a two-rank DDP loop under fail-slow faults once
+    # hung as it exited (its end never journaled, the watchdog ended the scenario), which
+    # no fresh run did; and a kill's lost steps were 3 where fresh gave 2. Not explained yet.
+    job = _torchrun(argv) if address else None  # (no torch imported for a user's exec)
     several = job is not None and job.processes != 1
     rewritten = rewrite(argv) if address and not several else None
     if rewritten is None:
