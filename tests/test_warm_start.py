@@ -72,12 +72,13 @@ def _same_run(a: Path, b: Path, ranks: int) -> None:
 def test_a_warm_run_leaves_what_a_fresh_one_leaves(
     command: Callable[..., list[str]], ranks: int, tmp_path: Path, warm: None
 ) -> None:
-    warm_start.close_all()
-    _run(command(tmp_path / "fresh"), tmp_path / "fresh.log")
-    assert warm_start.forked() == []
-    warm_start.enable()
+    before = set(warm_start.forked())
+    with warm_start.paused():
+        _run(command(tmp_path / "fresh"), tmp_path / "fresh.log")
+    assert set(warm_start.forked()) <= before
     _run(command(tmp_path / "warm"), tmp_path / "warm.log")
-    assert len(warm_start.forked()) == ranks  # every rank was forked, none started afresh
+    # Every rank was forked, none started afresh.
+    assert len(set(warm_start.forked()) - before) == ranks
     _same_run(tmp_path / "fresh", tmp_path / "warm", ranks)
     # Negative control: the comparison sees a run that differs (another seed).
     _run(command(tmp_path / "other", "--seed", "1"), tmp_path / "other.log")
@@ -229,11 +230,12 @@ def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
     command: Callable[..., list[str]], preload: tuple[str, ...], tmp_path: Path, warm: None
 ) -> None:
     assert set(preload) <= {n.split(":")[0] for n in warm_start.preload_of(command(tmp_path))}
-    warm_start.close_all()
-    _run(_exec(command(tmp_path / "fresh"), tmp_path / "fresh"), tmp_path / "fresh.log")
-    warm_start.enable()
+    before = set(warm_start.forked())
+    with warm_start.paused():
+        _run(_exec(command(tmp_path / "fresh"), tmp_path / "fresh"), tmp_path / "fresh.log")
     _run(_exec(command(tmp_path / "warm"), tmp_path / "warm"), tmp_path / "warm.log")
-    assert len(warm_start.forked()) == 2  # exec itself, then the program it runs
+    # Exec itself, then the program it runs.
+    assert len(set(warm_start.forked()) - before) == 2
     fresh, warm_run = _observed(tmp_path / "fresh"), _observed(tmp_path / "warm")
     assert len(fresh[0][0]) == 6 and fresh[1], fresh  # the agent saw every step and the saves
     assert warm_run == fresh
@@ -259,10 +261,15 @@ def test_a_server_preloads_only_what_a_one_process_script_installs(tmp_path: Pat
     assert warm_start.preload_of([sys.executable, "-X", "dev", str(script)]) == ()
 
 
-def test_exec_forks_one_process_commands_only() -> None:
-    """A torchrun job of several processes under exec starts afresh (see warm_exec)."""
+def test_a_script_of_several_processes_starts_afresh() -> None:
+    """A torchrun job is forked when it runs a module or one process; under exec, when it
+    is one process (see warm_start.rewrite and warm_exec)."""
     one = [*TORCHRUN, "--nproc-per-node", "1", "train.py", "--steps", "3"]
-    for command, forked in [(one, True), ([*one[:-4], "2", *one[-3:]], False)]:
+    two = [*one[:-4], "2", *one[-3:]]
+    module = [*TORCHRUN, "--nproc-per-node", "2", "-m", "reference_trainer", "--steps", "3"]
+    assert warm_start.rewrite(one) and warm_start.rewrite(module)
+    assert warm_start.rewrite(two) is None
+    for command, forked in [(one, True), (two, False), (module, False)]:
         env = {warm_start.EXEC_SOCKET_ENV: "/nowhere/socket"}
         argv = warm_start.warm_exec(command, env)
         assert (argv != command) is forked and (SOCKET_ENV in env) is forked, argv

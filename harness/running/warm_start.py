@@ -4,10 +4,11 @@ Once `enable` has been called in a process (the test suite does, in each of its 
 `run_process` (and the tests' own ``run_module``) start processes of this interpreter
 through a warm-start server of that process: ``python -m MODULE ...`` or ``python
 SCRIPT.py ...`` becomes the server's small client (`harness.inside.warm_client`), and
-``python -m torch.distributed.run OPTIONS [-m] PROGRAM ...`` runs that client as each of its
-workers (``--no-python``), so torchrun still starts, watches, signals and restarts every
-worker, and the worker is forked from an interpreter that imported torch once. That covers
-the reference trainer's ranks and tightrope's own commands. One server serves every launch
+``python -m torch.distributed.run OPTIONS -m MODULE ...`` (a script too, when the job is
+one process) runs that client as each of its workers (``--no-python``), so torchrun still
+starts, watches, signals and restarts every worker, and the worker is forked from an
+interpreter that imported torch once. That covers the reference trainer's ranks and
+tightrope's own commands. One server serves every launch
 whose environment is its own but for what varies per process
 (`harness.inside.warm_server.VARYING_NAMES`). A command with interpreter options or another
 interpreter starts afresh as before, and so does a request the server refuses.
@@ -39,7 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -120,6 +121,19 @@ def enabled() -> bool:
     return _enabled
 
 
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Launches start afresh inside; the servers stay for after (a test's fresh run)."""
+    global _enabled
+    with _lock:
+        was, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        with _lock:
+            _enabled = was
+
+
 def close_all() -> None:
     """End every server of this process (at exit, or to start cold again)."""
     global _enabled
@@ -184,12 +198,16 @@ def _torchrun(argv: Sequence[str]) -> _Torchrun | None:
 
 
 def rewrite(argv: Sequence[str]) -> list[str] | None:
-    """The warm form of ``argv``, or None when it has none (see the module)."""
+    """The warm form of ``argv``, or None when it has none (see the module). A torchrun
+    job has one when it runs a module (``-m``: the reference trainer, tightrope's own) or
+    one process: forked, the ranks of a script's job of several (a DCP loop without
+    tightrope; a DDP loop under fail-slow faults) at times hung as they ended, which no
+    fresh run did; not explained yet, so those start afresh."""
     if len(argv) < 3 or argv[0] != sys.executable:
         return None
     if argv[1] == "-m" and argv[2] == _TORCHRUN:
         job = _torchrun(argv)
-        if job is None:
+        if job is None or (job.worker[2] != "-m" and job.processes != 1):
             return None
         return [*argv[:3], *job.options, "--no-python", *_client(job.worker)]
     if argv[1] == "-m" and not argv[2].startswith("-"):
@@ -275,9 +293,8 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     socket) and it is one process (``python SCRIPT``, or torchrun running one), else
     ``argv`` itself."""
     address = env.pop(EXEC_SOCKET_ENV, "")
-    # One process only: forked, a rank of a two-rank DDP loop under fail-slow faults once
-    # hung as it exited (its end never journaled, the watchdog ended the scenario), which
-    # no fresh run did; and a kill's lost steps were 3 where fresh gave 2. Not explained yet.
+    # One process only (see `rewrite`; a module's job of several too: its kill scenario's
+    # lost steps were 3 warm where fresh gave 2).
     job = _torchrun(argv) if address else None  # (no torch imported for a user's exec)
     several = job is not None and job.processes != 1
     rewritten = rewrite(argv) if address and not several else None
