@@ -283,7 +283,7 @@ def test_a_launch_of_another_environment_replaces_an_idle_server(
     warm_start.close_all()
     warm_start.enable()
     monkeypatch.setattr(warm_start, "MAX_SERVERS", 1)
-    env, other = dict(ENV), {**ENV, "TIGHTROPE_TEST_OTHER": "", "OTHER": "1"}
+    env, other = dict(ENV), {**ENV, "OTHER": "1"}
     long = warm_start.warm(_one(tmp_path / "a", "--steps", "400"), env)
     (server,) = warm_start.server_pids()
     proc = subprocess.Popen(long, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

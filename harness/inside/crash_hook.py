@@ -349,6 +349,12 @@ def arm_from_env() -> None:
         atexit.register(_log_modules)
 
 
+def installed(where: str) -> bool:
+    """``where`` (a module's file or folder) is of an installed package: in site- or
+    dist-packages, not the standard library's nor the program's own."""
+    return f"-packages{os.sep}" in where
+
+
 def _log_modules() -> None:
     """A recording run's last line: the installed modules it imported, in order (what a
     zygote may import once for the runs that follow: `harness.inside.zygote`)."""
@@ -357,6 +363,6 @@ def _log_modules() -> None:
     names = []
     for name, module in list(sys.modules.items()):
         where = getattr(module, "__file__", None)
-        if isinstance(where, str) and f"-packages{os.sep}" in where:
+        if isinstance(where, str) and installed(where):
             names.append(name)
     _write({"modules": names})

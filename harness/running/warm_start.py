@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from harness.inside.crash_hook import installed
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
 from harness.inside.warm_client import SOCKET_ENV
 from harness.inside.warm_server import static
@@ -197,6 +198,11 @@ def _torchrun(argv: Sequence[str]) -> _Torchrun | None:
     return _Torchrun(options, worker, processes)
 
 
+def _warm_torchrun(argv: Sequence[str], job: _Torchrun) -> list[str]:
+    """torchrun ``argv`` running the warm client as each of its workers."""
+    return [*argv[:3], *job.options, "--no-python", *_client(job.worker)]
+
+
 def rewrite(argv: Sequence[str]) -> list[str] | None:
     """The warm form of ``argv``, or None when it has none (see the module). A torchrun
     job has one when it runs a module (``-m``: the reference trainer, tightrope's own) or
@@ -209,7 +215,7 @@ def rewrite(argv: Sequence[str]) -> list[str] | None:
         job = _torchrun(argv)
         if job is None or (job.worker[2] != "-m" and job.processes != 1):
             return None
-        return [*argv[:3], *job.options, "--no-python", *_client(job.worker)]
+        return _warm_torchrun(argv, job)
     if argv[1] == "-m" and not argv[2].startswith("-"):
         return _client(argv)
     if argv[1].endswith(".py") and not argv[1].startswith("-"):
@@ -247,16 +253,16 @@ def preload_of(command: Sequence[str]) -> tuple[str, ...]:
 
 
 def _installed(top: str) -> bool:
-    """``top`` is an installed package or module (where `harness.inside.crash_hook` says a
-    recording run's installed modules live), not the program's own nor the standard
-    library's."""
+    """``top`` is an installed package or module (`harness.inside.crash_hook.installed`),
+    found without importing it."""
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return False
-    places = [spec.origin or ""] if spec is not None else []
-    places += list(spec.submodule_search_locations or []) if spec is not None else []
-    return any(f"-packages{os.sep}" in place for place in places)
+    if spec is None:
+        return False
+    places = [spec.origin or "", *(spec.submodule_search_locations or [])]
+    return any(installed(place) for place in places)
 
 
 def _attached(env: dict[str, str]) -> bool:
@@ -293,11 +299,14 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     socket) and it is one process (``python SCRIPT``, or torchrun running one), else
     ``argv`` itself."""
     address = env.pop(EXEC_SOCKET_ENV, "")
-    # One process only (see `rewrite`; a module's job of several too: its kill scenario's
-    # lost steps were 3 warm where fresh gave 2).
-    job = _torchrun(argv) if address else None  # (no torch imported for a user's exec)
-    several = job is not None and job.processes != 1
-    rewritten = rewrite(argv) if address and not several else None
+    rewritten = None
+    if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
+        # One process only (see `rewrite`; a module's job of several too: its kill
+        # scenario's lost steps were 3 warm where fresh gave 2).
+        job = _torchrun(argv)
+        rewritten = _warm_torchrun(argv, job) if job and job.processes == 1 else None
+    elif address:
+        rewritten = rewrite(argv)
     if rewritten is None:
         env.pop(SOCKET_ENV, None)
         return list(argv)
