@@ -104,6 +104,9 @@ class _Server:
 
 
 _lock = threading.Lock()
+#: `ast.parse` in two threads at once (a suite's scenarios launch from threads) raised
+#: "SystemError: AST constructor recursion depth mismatch" on Python 3.11.
+_parse_lock = threading.Lock()
 _servers: dict[tuple[frozenset[tuple[str, str]], tuple[str, ...]], _Server] = {}
 _enabled = False
 
@@ -239,7 +242,9 @@ def preload_of(command: Sequence[str]) -> tuple[str, ...]:
     if command[1].startswith("-") and command[1] != "-u":
         return ()
     try:
-        tree = ast.parse(Path(script).read_bytes())
+        source = Path(script).read_bytes()
+        with _parse_lock:  # CPython 3.11's parser is not safe in two threads at once
+            tree = ast.parse(source)
     except (OSError, SyntaxError, ValueError):
         return ()
     names: list[str] = []
