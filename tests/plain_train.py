@@ -10,6 +10,7 @@ import argparse
 import gc
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -71,6 +72,10 @@ def main() -> int:
     if rank == 0:
         print(f"final loss {loss.item()!r}", flush=True)
     if world > 1:
+        # gloo's threads idle (a barrier, and a moment to free it) before the group goes:
+        # torch 2.13's destructor can deadlock with them on the GIL (docs/frameworks.md).
+        dist.barrier()
+        time.sleep(0.1)
         dist.destroy_process_group()
         # Collect the process group's objects now: left to interpreter exit, gloo's threads
         # sometimes abort the process ("terminate called without an active exception").

@@ -1,7 +1,8 @@
-"""Verdicts on the Hugging Face Trainer with two ranks under torchrun (tests/frameworks/
-two_ranks.yaml): killed and resumed, its newest checkpoint damaged. The table and how each
-expected verdict was established: tests/frameworks/expected.py. (The DCP loop's suite,
-tests/frameworks/dcp.yaml, is not run here: see docs/frameworks.md.)"""
+"""Verdicts on framework trainers with two ranks under torchrun: the Hugging Face Trainer
+killed and resumed, its newest checkpoint damaged (tests/frameworks/two_ranks.yaml), and a
+loop saving with torch.distributed.checkpoint under DDP and FSDP2 (tests/frameworks/dcp.yaml),
+run as one suite. The table and how each expected verdict was established:
+tests/frameworks/expected.py."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ pytest.importorskip("accelerate")  # the Trainer's own dependency
 
 from tests.frameworks.expected import ROOT, check_facts, check_verdicts, run_suite_of
 
-SUITE = ROOT / "tests" / "frameworks" / "two_ranks.yaml"
-NAMES = {"hf-ddp-clean", "hf-kill", "hf-bitflip", "hf-truncate"}
+SUITES = [ROOT / "tests" / "frameworks" / name for name in ("two_ranks.yaml", "dcp.yaml")]
+NAMES = {
+    "hf-ddp-clean", "hf-kill", "hf-bitflip", "hf-truncate",
+    "dcp-clean", "dcp-fsdp-clean", "dcp-nan", "dcp-guard-nan", "dcp-kill", "dcp-bitflip",
+    "dcp-truncate", "dcp-fsdp-kill",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +32,7 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def verdicts(out_dir: Path) -> SuiteResult:
-    return run_suite_of(SUITE, out_dir)
+    return run_suite_of(SUITES, out_dir)
 
 
 @pytest.mark.slow

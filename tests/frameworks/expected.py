@@ -5,11 +5,10 @@ tests/test_frameworks_two_ranks.py run on their suites.
 `tests/frameworks/` holds one script per framework (the Hugging Face Trainer, Lightning,
 Accelerate, a torchrun loop saving with torch.distributed.checkpoint under DDP and FSDP2),
 each written the way that framework's docs show and knowing nothing of tightrope;
-`tests/frameworks/one_rank.yaml`, `two_ranks.yaml` and `dcp.yaml` (not in make test:
-docs/frameworks.md) run each under a NaN gradient guarded
-and unguarded, killed and resumed the framework's own way, and resumed from a newest
-checkpoint with a flipped bit or cut in half, through the zero-code attach; the fault-free
-run each scenario is compared with (its baseline) is judged as well.
+`tests/frameworks/one_rank.yaml`, `two_ranks.yaml` and `dcp.yaml` run each under a NaN
+gradient guarded and unguarded, killed and resumed the framework's own way, and resumed
+from a newest checkpoint with a flipped bit or cut in half, through the zero-code attach;
+the fault-free run each scenario is compared with (its baseline) is judged as well.
 
 The expected verdicts are not what tightrope said once: each rests on a fact read from the
 framework's own files by `tests/frameworks/truth.py` (the weights of its last checkpoint,
@@ -126,12 +125,18 @@ FAULT_FREE = {
 CRASHED = {"hf-truncate", "lightning-truncate", "accelerate-truncate", "dcp-truncate"}
 
 
-def run_suite_of(suite: Path, out_dir: Path) -> SuiteResult:
-    """Run ``suite`` (its trainers named relative to the repository) into ``out_dir``."""
+def run_suite_of(suites: Path | list[Path], out_dir: Path) -> SuiteResult:
+    """Run ``suites`` (their trainers named relative to the repository) into ``out_dir``,
+    several as one run (named as the first)."""
+    paths = [suites] if isinstance(suites, Path) else suites
     options = RunOptions(out_dir=out_dir / "out", cache_dir=out_dir / "cache", cores=2)
+    loaded = load_suite(paths[0])
+    scenarios = [s for path in paths for s in load_suite(path).scenarios]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ROOT)
-        return run_suite(load_suite(suite), options, progress=False)
+        return run_suite(
+            loaded.model_copy(update={"scenarios": scenarios}), options, progress=False
+        )
 
 
 def run_dir(verdicts: SuiteResult, out_dir: Path, name: str) -> Path:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -116,11 +117,16 @@ def main() -> int:
         if args.final_weights:
             save_final_weights(trainer.model.state_dict(), args.final_weights)
     if torch.distributed.is_initialized():
-        # Every rank leaves together. Without this, a rank of a finished two-rank job (no
-        # tightrope attached: 5 runs of 8) aborted as it exited ("terminate called without
-        # an active exception") and torchrun restarted the job; destroy_process_group
-        # instead hung 2 runs of 6; with this barrier, 6 of 6 ended cleanly (torch 2.13, gloo).
+        # Every rank leaves together, gloo's threads get a moment without the GIL to free the
+        # last collective, and the group goes before the interpreter does (torch 2.13, gloo;
+        # the deadlock and the abort: docs/frameworks.md). Without any of it a rank of a
+        # finished two-rank job aborted as it exited ("terminate called without an active
+        # exception") in 5 runs of 8 (no tightrope attached) and torchrun restarted the job;
+        # with destroy_process_group() alone it hung 2 runs of 6; with a barrier before it,
+        # 1 run of 9 under tightrope exec; with this ending, 0 of 16.
         torch.distributed.barrier()
+        time.sleep(0.1)
+        torch.distributed.destroy_process_group()
     return 0
 
 

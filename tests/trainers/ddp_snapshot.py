@@ -19,6 +19,7 @@ import gc
 import hashlib
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -175,8 +176,12 @@ def main() -> int:
         print(f"final loss {trainer.loss!r}", flush=True)
     if distributed:
         # Without this, torch 2.13 + gloo aborts at interpreter exit in ~1 run of 4 ("terminate
-        # called without an active exception"): free DDP's leftover reference cycles first.
+        # called without an active exception"): free DDP's leftover reference cycles first;
+        # and the group's destructor can deadlock with gloo's threads on the GIL unless they
+        # are left idle first: a barrier, and a moment for them to free it (docs/frameworks.md).
         gc.collect()
+        dist.barrier()
+        time.sleep(0.1)
         dist.destroy_process_group()
     return 0
 
