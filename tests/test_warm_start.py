@@ -202,6 +202,14 @@ def _lightning(run_dir: Path, *extra: str) -> list[str]:
     return [*TORCHRUN, "--nproc-per-node", "1", *user]
 
 
+def _ddp(run_dir: Path, *extra: str) -> list[str]:
+    """A foreign DDP trainer on two ranks under torchrun: a script's job of several."""
+    script = str(TESTS / "trainers" / "ddp_snapshot.py")
+    user = [script, "--steps", "6", "--batches-per-epoch", "3", "--save-every", "1"]
+    user += ["--snapshot", str(run_dir / "snapshot.pt"), *extra]
+    return [*TORCHRUN, "--nproc-per-node", "2", *user]
+
+
 def _exec(user: list[str], run_dir: Path) -> list[str]:
     """``user`` through ``tightrope exec`` (the agent attached)."""
     return [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), "--", *user]
@@ -222,22 +230,31 @@ def _observed(run_dir: Path) -> tuple[dict[int, list[float]], list[object]]:
 
 
 @pytest.mark.parametrize(
-    ("command", "preload"),
-    [(_inplace, ()), (_lightning, ("lightning",))],
-    ids=["one-process", "lightning"],
+    ("command", "preload", "ranks"),
+    [
+        pytest.param(_inplace, (), 1, id="one-process"),
+        pytest.param(_lightning, ("lightning",), 1, id="lightning"),
+        pytest.param(_ddp, (), 2, id="two-ranks", marks=pytest.mark.distributed),
+    ],
 )
 def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
-    command: Callable[..., list[str]], preload: tuple[str, ...], tmp_path: Path, warm: None
+    command: Callable[..., list[str]],
+    preload: tuple[str, ...],
+    ranks: int,
+    tmp_path: Path,
+    warm: None,
 ) -> None:
     assert set(preload) <= {n.split(":")[0] for n in warm_start.preload_of(command(tmp_path))}
     before = set(warm_start.forked())
     with warm_start.paused():
         _run(_exec(command(tmp_path / "fresh"), tmp_path / "fresh"), tmp_path / "fresh.log")
     _run(_exec(command(tmp_path / "warm"), tmp_path / "warm"), tmp_path / "warm.log")
-    # Exec itself, then the program it runs.
-    assert len(set(warm_start.forked()) - before) == 2
+    # Exec itself, then each process of the program it runs.
+    assert len(set(warm_start.forked()) - before) == 1 + ranks
     fresh, warm_run = _observed(tmp_path / "fresh"), _observed(tmp_path / "warm")
-    assert len(fresh[0][0]) == 6 and fresh[1], fresh  # the agent saw every step and the saves
+    # The agent saw every step of every rank, and the saves.
+    assert sorted(fresh[0]) == list(range(ranks)) and fresh[1], fresh
+    assert all(len(losses) == 6 for losses in fresh[0].values()), fresh
     assert warm_run == fresh
     if command is _inplace:  # Negative control: another seed is seen to differ.
         other = _exec(command(tmp_path / "other", "--seed", "1"), tmp_path / "other")
@@ -261,15 +278,15 @@ def test_a_server_preloads_only_what_a_one_process_script_installs(tmp_path: Pat
     assert warm_start.preload_of([sys.executable, "-X", "dev", str(script)]) == ()
 
 
-def test_a_script_of_several_processes_starts_afresh() -> None:
+def test_which_torchrun_jobs_are_forked() -> None:
     """A torchrun job is forked when it runs a module or one process; under exec, when it
-    is one process (see warm_start.rewrite and warm_exec)."""
+    runs a script or one process (see warm_start.rewrite and warm_exec)."""
     one = [*TORCHRUN, "--nproc-per-node", "1", "train.py", "--steps", "3"]
     two = [*one[:-4], "2", *one[-3:]]
     module = [*TORCHRUN, "--nproc-per-node", "2", "-m", "reference_trainer", "--steps", "3"]
     assert warm_start.rewrite(one) and warm_start.rewrite(module)
     assert warm_start.rewrite(two) is None
-    for command, forked in [(one, True), (two, False), (module, False)]:
+    for command, forked in [(one, True), (two, True), (module, False)]:
         env = {warm_start.EXEC_SOCKET_ENV: "/nowhere/socket"}
         argv = warm_start.warm_exec(command, env)
         assert (argv != command) is forked and (SOCKET_ENV in env) is forked, argv

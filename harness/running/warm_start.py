@@ -12,13 +12,13 @@ tightrope's own commands. One server serves every launch
 whose environment is its own but for what varies per process
 (`harness.inside.warm_server.VARYING_NAMES`). A command with interpreter options or another
 interpreter starts afresh as before, and so does a request the server refuses.
-``tightrope exec`` is forked too; the one-process command it runs (a foreign or framework
-trainer, ``python SCRIPT.py``, ``python -m MODULE``, or torchrun running one worker) is
-forked from a server of the environment exec gives it (the agent's bootstrap first on
-PYTHONPATH), which wraps the save and load functions before forking as
-`harness.inside.zygote` does, and has imported the installed modules the script imports
-(`preload_of`: Lightning, transformers); each child attaches the agent as a fresh start
-would (`warm_exec`). A torchrun job of several processes under exec starts afresh.
+``tightrope exec`` is forked too; the command it runs (a foreign or framework trainer:
+``python SCRIPT.py``, ``python -m MODULE``, or torchrun running a script, or a module as
+one worker) is forked from a server of the environment exec gives it (the agent's
+bootstrap first on PYTHONPATH), which wraps the save and load functions before forking as
+`harness.inside.zygote` does, and has imported the installed modules a one-process
+script imports (`preload_of`: Lightning, transformers); each child attaches the agent as
+a fresh start would (`warm_exec`).
 At most `MAX_SERVERS` servers; the least recently used idle one makes way for another.
 
 Not on by default: a user's launch starts every process afresh. tests/test_warm_start.py
@@ -209,9 +209,9 @@ def _warm_torchrun(argv: Sequence[str], job: _Torchrun) -> list[str]:
 def rewrite(argv: Sequence[str]) -> list[str] | None:
     """The warm form of ``argv``, or None when it has none (see the module). A torchrun
     job has one when it runs a module (``-m``: the reference trainer, tightrope's own) or
-    one process: forked, the ranks of a script's job of several (a DCP loop without
-    tightrope; a DDP loop under fail-slow faults) at times hung as they ended, which no
-    fresh run did; not explained yet, so those start afresh."""
+    one process; a script's job of several starts afresh (the one such launch outside
+    exec, a plain DCP job's, hung forked as it ended: the gloo teardown deadlock of
+    docs/frameworks.md, which its script now avoids, and more often forked than fresh)."""
     if len(argv) < 3 or argv[0] != sys.executable:
         return None
     if argv[1] == "-m" and argv[2] == _TORCHRUN:
@@ -301,15 +301,17 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
 def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """In ``tightrope exec``: the command ``argv`` to run with ``env``, in its warm form
     when the launcher gave exec a server (`EXEC_SOCKET_ENV`; then ``env`` gains its
-    socket) and it is one process (``python SCRIPT``, or torchrun running one), else
+    socket) and it has one (`rewrite`; torchrun running a script, or one process), else
     ``argv`` itself."""
     address = env.pop(EXEC_SOCKET_ENV, "")
     rewritten = None
     if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
-        # One process only (see `rewrite`; a module's job of several too: its kill
-        # scenario's lost steps were 3 warm where fresh gave 2).
+        # A script's job of any size (its ranks' endings: see `rewrite`; the test trainers
+        # end as docs/frameworks.md says), a module's of one process (a module's job of
+        # several under exec once lost 3 steps to a kill warm where fresh lost 2).
         job = _torchrun(argv)
-        rewritten = _warm_torchrun(argv, job) if job and job.processes == 1 else None
+        forked = job is not None and (job.processes == 1 or job.worker[2] != "-m")
+        rewritten = _warm_torchrun(argv, job) if job and forked else None
     elif address:
         rewritten = rewrite(argv)
     if rewritten is None:

@@ -39,7 +39,9 @@ LOG = "trainer.log"
 
 _FINAL = re.compile(r"^(?:\[rank\d+\]:)?final loss (\S+) at step (\d+)", re.M)
 _RESUMED = {
-    "hf": re.compile(r"Checkpoint detected, resuming training at (\S+)"),
+    # Every rank prints it: two ranks' lines can run into each other ("...checkpoint-16Checkp
+    # oint detected, ..."), so the folder's name ends at its number.
+    "hf": re.compile(r"Checkpoint detected, resuming training at (\S*?checkpoint-\d+)"),
     "lightning": re.compile(r"resuming at step (\d+)"),
     "accelerate": re.compile(r"Resumed from checkpoint: (\S+)"),
     "dcp": re.compile(r"resumed from (\S+) at step \d+"),
