@@ -301,8 +301,8 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
 def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """In ``tightrope exec``: the command ``argv`` to run with ``env``, in its warm form
     when the launcher gave exec a server (`EXEC_SOCKET_ENV`; then ``env`` gains its
-    socket) and it has one (`rewrite`; torchrun running a script, or one process), else
-    ``argv`` itself."""
+    socket) and it has one (torchrun: running a script, or one process; else as `rewrite`
+    says), else ``argv`` itself."""
     address = env.pop(EXEC_SOCKET_ENV, "")
     rewritten = None
     if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
@@ -310,8 +310,8 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
         # end as docs/frameworks.md says), a module's of one process (a module's job of
         # several under exec once lost 3 steps to a kill warm where fresh lost 2).
         job = _torchrun(argv)
-        forked = job is not None and (job.processes == 1 or job.worker[2] != "-m")
-        rewritten = _warm_torchrun(argv, job) if job and forked else None
+        if job is not None and (job.processes == 1 or job.worker[2] != "-m"):
+            rewritten = _warm_torchrun(argv, job)
     elif address:
         rewritten = rewrite(argv)
     if rewritten is None:
