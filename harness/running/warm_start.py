@@ -206,17 +206,24 @@ def _warm_torchrun(argv: Sequence[str], job: _Torchrun) -> list[str]:
     return [*argv[:3], *job.options, "--no-python", *_client(job.worker)]
 
 
+def _forked(job: _Torchrun, *, under_exec: bool) -> bool:
+    """Whether torchrun ``job`` runs forked: a job of one process always; of several, a
+    module's (the reference trainer, tightrope's own) outside exec and a script's under
+    exec. Outside exec, the one script job of several, a plain DCP job's, hung forked as it
+    ended (the gloo teardown deadlock of docs/frameworks.md, which its script now avoids,
+    more often forked than fresh); under exec, a module's job of several once lost 3 steps
+    to a kill warm where fresh lost 2."""
+    return job.processes == 1 or (job.worker[2] == "-m") != under_exec
+
+
 def rewrite(argv: Sequence[str]) -> list[str] | None:
-    """The warm form of ``argv``, or None when it has none (see the module). A torchrun
-    job has one when it runs a module (``-m``: the reference trainer, tightrope's own) or
-    one process; a script's job of several starts afresh (the one such launch outside
-    exec, a plain DCP job's, hung forked as it ended: the gloo teardown deadlock of
-    docs/frameworks.md, which its script now avoids, and more often forked than fresh)."""
+    """The warm form of ``argv``, or None when it has none (see the module; a torchrun
+    job's: `_forked`)."""
     if len(argv) < 3 or argv[0] != sys.executable:
         return None
     if argv[1] == "-m" and argv[2] == _TORCHRUN:
         job = _torchrun(argv)
-        if job is None or (job.worker[2] != "-m" and job.processes != 1):
+        if job is None or not _forked(job, under_exec=False):
             return None
         return _warm_torchrun(argv, job)
     if argv[1] == "-m" and not argv[2].startswith("-"):
@@ -301,16 +308,13 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
 def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """In ``tightrope exec``: the command ``argv`` to run with ``env``, in its warm form
     when the launcher gave exec a server (`EXEC_SOCKET_ENV`; then ``env`` gains its
-    socket) and it has one (torchrun: running a script, or one process; else as `rewrite`
-    says), else ``argv`` itself."""
+    socket) and it has one (a torchrun job: as `_forked` says under exec; else as
+    `rewrite` says), else ``argv`` itself."""
     address = env.pop(EXEC_SOCKET_ENV, "")
     rewritten = None
     if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
-        # A script's job of any size (its ranks' endings: see `rewrite`; the test trainers
-        # end as docs/frameworks.md says), a module's of one process (a module's job of
-        # several under exec once lost 3 steps to a kill warm where fresh lost 2).
         job = _torchrun(argv)
-        if job is not None and (job.processes == 1 or job.worker[2] != "-m"):
+        if job is not None and _forked(job, under_exec=True):
             rewritten = _warm_torchrun(argv, job)
     elif address:
         rewritten = rewrite(argv)

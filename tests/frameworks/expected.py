@@ -128,15 +128,13 @@ CRASHED = {"hf-truncate", "lightning-truncate", "accelerate-truncate", "dcp-trun
 def run_suite_of(suites: Path | list[Path], out_dir: Path) -> SuiteResult:
     """Run ``suites`` (their trainers named relative to the repository) into ``out_dir``,
     several as one run (named as the first)."""
-    paths = [suites] if isinstance(suites, Path) else suites
+    loaded = [load_suite(path) for path in ([suites] if isinstance(suites, Path) else suites)]
+    scenarios = [scenario for suite in loaded for scenario in suite.scenarios]
     options = RunOptions(out_dir=out_dir / "out", cache_dir=out_dir / "cache", cores=2)
-    loaded = load_suite(paths[0])
-    scenarios = [s for path in paths for s in load_suite(path).scenarios]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ROOT)
-        return run_suite(
-            loaded.model_copy(update={"scenarios": scenarios}), options, progress=False
-        )
+        suite = loaded[0].model_copy(update={"scenarios": scenarios})
+        return run_suite(suite, options, progress=False)
 
 
 def run_dir(verdicts: SuiteResult, out_dir: Path, name: str) -> Path:
