@@ -11,8 +11,8 @@ part (``blocks.3``, ``transformer.h.3``, ``net.0``), else the module that owns t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -46,6 +46,14 @@ class Layers:
     names: list[str]
     params: list[list[nn.Parameter]]
     modules: dict[str, list[nn.Module]]
+    flat: list[nn.Parameter] = field(default_factory=list)
+    """Every layer's parameters in one list, in layer order (the norms take them at once)."""
+    layer_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """The layer of each of `flat`."""
+
+    def __post_init__(self) -> None:
+        self.flat = [p for group in self.params for p in group]
+        self.layer_index = np.repeat(np.arange(len(self.params)), [len(g) for g in self.params])
 
     @classmethod
     def of(cls, model: nn.Module, layer_of: Callable[[str], str]) -> Layers:
@@ -67,42 +75,88 @@ class Layers:
         return cls(names=list(params), params=list(params.values()), modules=modules)
 
 
-def grad_norms(layers: Layers) -> np.ndarray:
-    """L2 norm of each layer's gradients (NaN for a layer with none)."""
-    out = np.full(len(layers.names), np.nan, dtype=np.float32)
-    for i, group in enumerate(layers.params):
-        grads = [p.grad for p in group if p.grad is not None]
-        if grads:
-            out[i] = _norm(grads)
-    return out
+@dataclass(frozen=True, slots=True)
+class ParamNorms:
+    """The L2 norm of each of some parameters (or their gradients), as computed: reduced to
+    one norm per layer only when asked (`per_layer`), so a step the microscope never writes
+    costs one `torch._foreach_norm` and no more."""
+
+    norms: torch.Tensor | None
+    """float32, one per tensor; None when there were none."""
+    layer_of: Sequence[int] | np.ndarray
+    """The layer of each."""
+    layers: int
+
+    @property
+    def finite(self) -> bool:
+        """False when any norm is NaN or infinite."""
+        return self.norms is None or math.isfinite(sum(self.norms.tolist()))
+
+    def per_layer(self) -> np.ndarray:
+        """float32 per layer: NaN for a layer with none, +inf for one with any value NaN or
+        infinite."""
+        out = np.full(self.layers, np.nan, dtype=np.float32)
+        if self.norms is None:
+            return out
+        squares = np.square(self.norms.cpu().numpy().astype(np.float64))
+        index = np.asarray(self.layer_of, dtype=np.int64)
+        norm = np.sqrt(np.bincount(index, weights=squares, minlength=self.layers))
+        norm[np.isnan(norm)] = np.inf
+        present = np.bincount(index, minlength=self.layers) > 0
+        out[present] = norm[present]
+        return out
 
 
-def weight_norms(layers: Layers) -> np.ndarray:
-    """L2 norm of each layer's weights."""
-    return np.array([_norm([p.detach() for p in g]) for g in layers.params], dtype=np.float32)
+def grad_norms(layers: Layers) -> ParamNorms:
+    """The norm of each parameter's gradient (a layer with none: NaN)."""
+    grads = [p.grad for p in layers.flat]
+    if all(g is not None for g in grads):
+        return param_norms(grads, layers.layer_index, len(layers.names))  # type: ignore[arg-type]
+    present = [
+        (g, i) for g, i in zip(grads, layers.layer_index.tolist(), strict=True) if g is not None
+    ]
+    return param_norms([g for g, _ in present], [i for _, i in present], len(layers.names))
 
 
-def snapshot(layers: Layers) -> list[list[torch.Tensor]]:
-    """A copy of every layer's weights (for the update ratio)."""
-    return [[p.detach().clone() for p in group] for group in layers.params]
+def weight_norms(layers: Layers) -> ParamNorms:
+    """The norm of each parameter."""
+    return param_norms(layers.flat, layers.layer_index, len(layers.names))
 
 
-def update_ratios(layers: Layers, before: list[list[torch.Tensor]]) -> np.ndarray:
+def param_norms(
+    tensors: Sequence[torch.Tensor], layer_of: Sequence[int] | np.ndarray, layers: int
+) -> ParamNorms:
+    """`ParamNorms` of ``tensors`` (``layer_of[i]`` the layer of ``tensors[i]``): one
+    `torch._foreach_norm` for all, as a step of a small model is short enough that a few
+    torch calls per layer show in it."""
+    if not tensors:
+        return ParamNorms(None, layer_of, layers)
+    with torch.no_grad():
+        norms = torch._foreach_norm([t if t.dtype == torch.float32 else t.float() for t in tensors])
+        try:
+            stacked = torch.stack(norms)
+        except RuntimeError:  # on several devices
+            stacked = torch.stack([n.cpu() for n in norms])
+    return ParamNorms(stacked, layer_of, layers)
+
+
+def snapshot(layers: Layers) -> list[torch.Tensor]:
+    """A copy of every layer's weights (for the update ratio), as `Layers.flat`."""
+    with torch.no_grad():
+        return [p.detach().clone() for p in layers.flat]
+
+
+def update_ratios(layers: Layers, before: list[torch.Tensor]) -> np.ndarray:
     """``||w_after - w_before|| / ||w_before||`` per layer."""
-    out = np.full(len(layers.names), np.nan, dtype=np.float32)
-    for i, (group, old) in enumerate(zip(layers.params, before, strict=True)):
-        diff = _norm([p.detach() - o for p, o in zip(group, old, strict=True)])
-        base = _norm(old)
-        out[i] = diff / base if base > 0 and math.isfinite(base) else math.inf
-    return out
-
-
-def _norm(tensors: list[torch.Tensor]) -> float:
-    """L2 norm of all of them; +inf when any value is NaN or infinite (NaN in the
-    microscope's files means "not measured", and a NaN gradient is a finding)."""
-    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in tensors])
-    value = float(torch.linalg.vector_norm(torch.stack(norms)))
-    return value if not math.isnan(value) else math.inf
+    with torch.no_grad():
+        diff = torch._foreach_sub([p.detach() for p in layers.flat], before)
+    n, index = len(layers.names), layers.layer_index
+    change = param_norms(diff, index, n).per_layer()
+    base = param_norms(before, index, n).per_layer()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio: np.ndarray = (change / base).astype(np.float32)
+    ratio[~(np.isfinite(base) & (base > 0))] = np.inf
+    return ratio
 
 
 class OutputSamples:

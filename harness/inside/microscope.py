@@ -43,6 +43,7 @@ from harness.inside.latency_probe import probe
 from harness.inside.layer_figures import (
     Layers,
     OutputSamples,
+    ParamNorms,
     default_layer,
     grad_norms,
     snapshot,
@@ -127,6 +128,43 @@ class MicroscopeOptions:
         return (default or cls()) if text is None else cls.parse(text, default)
 
 
+@dataclass(slots=True)
+class _Step:
+    """A step as measured, kept in the ring until written or dropped: its norms reduced to
+    layers and its outputs binned only when written (`record`)."""
+
+    step: int
+    why: int
+    wall: float
+    grads: ParamNorms | None
+    weights: ParamNorms
+    scale: float | None
+    """The step's loss scale (gradient norms are divided by it)."""
+    ratios: np.ndarray | None
+    outputs: OutputSamples | None
+    allreduce_ms: float
+
+    def record(self) -> Record:
+        """The record the writer takes."""
+        n = self.weights.layers
+        grads = self.grads.per_layer() if self.grads is not None else np.full(n, np.nan, np.float32)
+        if self.scale is not None:
+            grads = grads / np.float32(self.scale)
+        hist = (
+            self.outputs.counts() if self.outputs is not None else np.zeros((n, N_BINS), np.int64)
+        )
+        return Record(
+            step=self.step,
+            why=self.why,
+            wall=self.wall,
+            grad_norm=grads,
+            weight_norm=self.weights.per_layer(),
+            update_ratio=self.ratios if self.ratios is not None else np.full(n, np.nan),
+            act_hist=hist,
+            allreduce_ms=self.allreduce_ms,
+        )
+
+
 class Microscope:
     """One process's recorder (see the module docstring)."""
 
@@ -149,13 +187,11 @@ class Microscope:
         self._layers: Layers | None = None
         self._hooks: list[RemovableHandle] = []
         self._outputs: OutputSamples | None = None
-        self._grads: np.ndarray | None = None
-        self._before: list[list[torch.Tensor]] | None = None
+        self._grads: ParamNorms | None = None
+        self._before: list[torch.Tensor] | None = None
         self._ratios: np.ndarray | None = None
-        # Each with its step's outputs, binned only when the record is written.
-        self._ring: deque[tuple[Record, OutputSamples | None]] = deque(maxlen=options.window)
-        self._pending: Record | None = None  # the last step, until claims about it are in
-        self._pending_outputs: OutputSamples | None = None
+        self._ring: deque[_Step] = deque(maxlen=options.window)
+        self._pending: _Step | None = None  # the last step, until claims about it are in
         self._after = 0  # steps still to record after the last anomaly
         self._losses: deque[float] = deque(maxlen=20)
         self._step = 0
@@ -251,27 +287,25 @@ class Microscope:
             raise self._failed
         if self._layers is None:
             return
-        n = len(self._layers.names)
-        grads = self._grads if self._grads is not None else np.full(n, np.nan, np.float32)
         scale = observed.get("loss_scale")
-        if isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0:
-            grads = grads / np.float32(scale)
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            scale = None
         loss = observed.get("loss")
         if isinstance(loss, (int, float)):
             anomaly = anomaly or self._spike(float(loss))
-        self._pending_outputs, self._outputs = self._outputs, None
-        self._pending = Record(
+        self._pending = _Step(
             step=self._step,
             why=0,
             wall=time.time(),
-            grad_norm=grads,
-            weight_norm=weight_norms(self._layers),
-            update_ratio=self._ratios if self._ratios is not None else np.full(n, np.nan),
-            act_hist=np.zeros((n, N_BINS), np.int64),  # binned when written
+            grads=self._grads,
+            weights=weight_norms(self._layers),
+            scale=scale,
+            ratios=self._ratios,
+            outputs=self._outputs,
             allreduce_ms=self.comm.take(),
         )
-        nonfinite = not np.all(np.isfinite(grads[~np.isnan(grads)]))
-        if anomaly or nonfinite:
+        self._outputs = None
+        if anomaly or (self._grads is not None and not self._grads.finite):
             self.mark_anomaly()
 
     def mark_anomaly(self) -> None:
@@ -309,36 +343,28 @@ class Microscope:
         return spiked
 
     def _finish_pending(self) -> None:
-        record, self._pending = self._pending, None
-        outputs, self._pending_outputs = self._pending_outputs, None
-        if record is None or self.writer is None:
+        step, self._pending = self._pending, None
+        if step is None or self.writer is None:
             return
-        if record.why & WHY_ANOMALY:
-            for earlier, its_outputs in self._ring:
-                if earlier.step >= record.step - self.options.window:
+        if step.why & WHY_ANOMALY:
+            for earlier in self._ring:
+                if earlier.step >= step.step - self.options.window:
                     earlier.why |= WHY_BEFORE
-                    self._write(earlier, its_outputs)
+                    self.writer.add(earlier.record())
             self._ring.clear()
             self._after = self.options.window
-            self._write(record, outputs)
+            self.writer.add(step.record())
             self.writer.flush()  # an anomaly may be the last thing this process does
             return
-        if record.step % self.options.every == 0:
-            record.why |= WHY_PERIODIC
+        if step.step % self.options.every == 0:
+            step.why |= WHY_PERIODIC
         if self._after > 0:
-            record.why |= WHY_AFTER
+            step.why |= WHY_AFTER
             self._after -= 1
-        if record.why:
-            self._write(record, outputs)
+        if step.why:
+            self.writer.add(step.record())
         else:
-            self._ring.append((record, outputs))
-
-    def _write(self, record: Record, outputs: OutputSamples | None) -> None:
-        """Hand ``record`` to the writer with its outputs binned."""
-        if outputs is not None:
-            record.act_hist = outputs.counts()
-        if self.writer is not None:
-            self.writer.add(record)
+            self._ring.append(step)
 
     def _remove_hooks(self) -> None:
         for handle in self._hooks:

@@ -8,6 +8,7 @@ schema (`harness.records.journal_schema`) and docs/journal.md are written from t
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,5 +45,10 @@ class Reported:
 
     def fields(self) -> dict[str, Any]:
         """The fields to journal (those left at `OMIT` are not written)."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {name: value for name, value in values.items() if value is not OMIT}
+        values = ((name, getattr(self, name)) for name in _names(type(self)))
+        return {name: value for name, value in values if value is not OMIT}
+
+
+@functools.cache
+def _names(kind: type[Reported]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))

@@ -63,7 +63,8 @@ class JournalWriter:
         self.restart = restart
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab")  # noqa: SIM115 - held open for the run
+        # Unbuffered: each event is one write(2), on disk for readers as soon as it returns.
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open for the run
         self._end_torn_line()
 
     def _end_torn_line(self) -> None:
@@ -74,8 +75,7 @@ class JournalWriter:
         with open(self.path, "rb") as f:
             f.seek(-1, os.SEEK_END)
             if f.read(1) != b"\n":
-                self._file.write(b"\n")
-                self._file.flush()
+                self._write(b"\n")
 
     def emit(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
         """Write one event of ``kind`` at ``step``; returns the record as written."""
@@ -91,15 +91,18 @@ class JournalWriter:
         }
         record.update(fields)
         try:
-            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+            line = _ENCODE(record)
         except ValueError:  # a NaN or an infinity: written as a string (see json_safe)
-            line = json.dumps(json_safe(record), separators=(",", ":"), allow_nan=False)
+            line = _ENCODE(json_safe(record))
         with self._lock:
             if self._file.closed:
                 raise JournalError(f"journal {self.path} is closed; cannot write {kind!r}")
-            self._file.write(line.encode() + b"\n")
-            self._file.flush()
+            self._write((line + "\n").encode())
         return record
+
+    def _write(self, data: bytes) -> None:
+        while data:  # one write(2): to a regular file it writes all but after a signal
+            data = data[self._file.write(data) or 0 :]
 
     def close(self) -> None:
         """Flush and close the file; later emits raise `JournalError`."""
@@ -112,6 +115,10 @@ class JournalWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: One compact line per event; NaN and infinities refused (`json_safe` writes them).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def _validate(kind: str, step: int, fields: Mapping[str, Any]) -> None:
