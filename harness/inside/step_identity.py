@@ -32,7 +32,7 @@ def batch_fingerprint(batch: torch.Tensor) -> str:
     if plain and batch.dtype in _AS_NUMPY and not batch.requires_grad and batch.is_contiguous():
         # The common case, token ids in memory: their bytes as they are, with no torch call
         # (each costs on a short step).
-        h.update(batch.numpy().reshape(-1)[:ELEMENTS])
+        h.update(batch.numpy().reshape(-1)[:ELEMENTS].tobytes())
         return h.hexdigest()
     with torch.no_grad():
         flat = local(batch.detach()).reshape(-1)[:ELEMENTS].contiguous()

@@ -8,7 +8,6 @@ schema (`harness.records.journal_schema`) and docs/journal.md are written from t
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -49,6 +48,11 @@ class Reported:
         return {name: value for name, value in values if value is not OMIT}
 
 
-@functools.cache
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _names(kind: type[Reported]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(kind))
+    names = _NAMES.get(kind)
+    if names is None:
+        names = _NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    return names
