@@ -67,15 +67,16 @@ def test_a_node_that_comes_back_joins_the_job_again(tmp_path: Path) -> None:
                         "nodes": 2,
                         "min_nodes": 1,
                         "world_size": 2,
-                        # Enough steps that the survivor, training alone, is still at it
-                        # when the node is back (about 25 s after the kill; the survivor
-                        # re-forms about then, at some 10 steps a second alone), and few
-                        # enough that both ranks finish soon after the rejoin.
-                        "steps": 240,
+                        # The node is back 3 s after the kill, before the survivor's next
+                        # rendezvous can close (the lost agent's keep-alives expire after
+                        # 6 s, then 5 s of last call), so both usually meet in that round;
+                        # were the survivor to re-form alone first, it would need some 3 s
+                        # more for these steps (30 a second alone), and still be training.
+                        "steps": 120,
                         "checkpoint_every": 20,
                         "timeout": 300,
                     },
-                    "faults": [{"kind": "node_kill", "at_step": 15, "node": 1, "rejoin_after": 20}],
+                    "faults": [{"kind": "node_kill", "at_step": 15, "node": 1, "rejoin_after": 3}],
                     "expect": {"completed": True, "mttr": {"max_seconds": 90}},
                 }
             ]
@@ -92,4 +93,4 @@ def test_a_node_that_comes_back_joins_the_job_again(tmp_path: Path) -> None:
     assert sizes in ([2, 1, 2], [2, 2]), sizes
     assert journal.of_kind("restart")  # the job went through a new rendezvous
     ends = [e for e in journal.of_kind("run_end") if e["status"] == "completed"]
-    assert sorted(e.rank for e in ends) == [0, 1] and {e.step for e in ends} == {240}
+    assert sorted(e.rank for e in ends) == [0, 1] and {e.step for e in ends} == {120}

@@ -70,6 +70,10 @@ class _Pending:
         return any(spec.fires_at(s) for s in range(seen + 1, step + 1))
 
 
+#: How often each node's torchrun agent says it is alive, and how many it may miss.
+RENDEZVOUS_KEEP_ALIVE = "keep_alive_interval=2,keep_alive_max_attempt=3"
+
+
 @dataclass(slots=True)
 class _Cluster:
     """The nodes of one run and what is left to do to them."""
@@ -92,7 +96,10 @@ class _Cluster:
         spec = self.scenario.trainer
         nnodes = f"{spec.min_nodes}:{spec.nodes}" if spec.min_nodes else str(spec.nodes)
         head = torchrun_node_argv(nnodes, spec.world_size // spec.nodes, self.endpoint, self.run_id)
-        head += ["--rdzv-conf", "is_host=false,last_call_timeout=5"]
+        # A lost node is dropped from the next rendezvous once its agent has missed 3
+        # keep-alives (torchrun's own count) at 2 s each, where torchrun's 5 s kept the
+        # survivors waiting 15 s; the agents beat from a thread of their own, not the trainer's.
+        head += ["--rdzv-conf", f"is_host=false,last_call_timeout=5,{RENDEZVOUS_KEEP_ALIVE}"]
         head += ["--max-restarts", str(spec.restarts)]
         return reference_command(spec, self.run_dir, self.plan, head=head)
 
