@@ -62,6 +62,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/suite_time.py
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/agent_overhead.py
+	$(BIN)/python benchmarks/agent_hook_time.py
 	$(BIN)/python benchmarks/metrics_overhead.py
 	$(BIN)/python benchmarks/mechanisms.py
 	$(BIN)/python benchmarks/diagnosis.py

@@ -788,6 +788,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="framework rounds, 8 processes each (default 4)")  # fmt: skip
     parser.add_argument("--framework-steps", type=int, default=100,
                         help="measured steps per framework run (default 100)")  # fmt: skip
+    parser.add_argument("--framework-size", choices=["tiny", "small"], default="tiny",
+                        help="the GPT-2 the framework trainers train (benchmarks/frameworks/"
+                             "gpt2_sizes.py; default tiny, a step of ~14 ms)")  # fmt: skip
     parser.add_argument("--skip", action="append", default=[],
                         choices=["breakdown", "startup", "ddp", "frameworks"],
                         help="leave out a section (repeatable)")  # fmt: skip
@@ -850,7 +853,8 @@ def main(argv: list[str] | None = None) -> int:
     if "frameworks" not in args.skip:
         print(f"4/4 framework trainers: {args.framework_rounds} rounds of 8 processes ...",
               flush=True)  # fmt: skip
-        settings = FrameworkSettings(rounds=args.framework_rounds, steps=args.framework_steps)
+        settings = FrameworkSettings(rounds=args.framework_rounds, steps=args.framework_steps,
+                                     size=args.framework_size)  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="tightrope-bench-") as tmp:
             result["frameworks"] = measure_frameworks(settings, Path(tmp))
     result["load_average_end"] = os.getloadavg()

@@ -36,6 +36,9 @@ from harness.records.journal import read_journal
 from harness.records.microscope_file import MICROSCOPE_ENV, read_microscope
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks/frameworks"))
+from gpt2_sizes import SIZES  # noqa: E402 - the scripts' own table, beside them
+
 SCRIPTS = {
     "transformers": ROOT / "benchmarks/frameworks/hf_gpt2.py",
     "lightning": ROOT / "benchmarks/frameworks/lightning_gpt2.py",
@@ -61,6 +64,8 @@ class FrameworkSettings:
     steps: int = 100
     """Steps of each run measured, after the warm-up."""
     batch: int = 8
+    size: str = "tiny"
+    """The model (``benchmarks/frameworks/gpt2_sizes.py``)."""
 
 
 @dataclass(slots=True)
@@ -86,10 +91,10 @@ def run_env(variant: str) -> dict[str, str]:
 
 
 def run_command(variant: str, script: Path, run_dir: Path, out: Path, total: int,
-                batch: int) -> list[str]:  # fmt: skip
+                settings: FrameworkSettings) -> list[str]:  # fmt: skip
     """The command line of one run: the trainer script, under ``tightrope exec`` or not."""
-    trainer = [sys.executable, str(script), "--steps", str(total), "--batch", str(batch),
-               "--out", str(out)]  # fmt: skip
+    trainer = [sys.executable, str(script), "--steps", str(total), "--batch",
+               str(settings.batch), "--size", settings.size, "--out", str(out)]  # fmt: skip
     if variant in (BASELINE, AGAIN):
         return trainer
     return [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), "--", *trainer]
@@ -121,7 +126,7 @@ def run_once(framework: str, variant: str, where: Path, settings: FrameworkSetti
     where.mkdir(parents=True)
     out, run_dir = where / "steps.json", where / "run"
     total = settings.warmup + settings.steps
-    cmd = run_command(variant, SCRIPTS[framework], run_dir, out, total, settings.batch)
+    cmd = run_command(variant, SCRIPTS[framework], run_dir, out, total, settings)
     proc = subprocess.run(cmd, cwd=ROOT, env=run_env(variant), capture_output=True,
                           text=True, timeout=RUN_TIMEOUT_S, check=False)  # fmt: skip
     if proc.returncode or not out.exists():
@@ -198,7 +203,7 @@ def measure_frameworks(settings: FrameworkSettings, tmp: Path) -> dict[str, Any]
                     where = tmp / framework / f"{VARIANTS.index(variant)}-{r}"
                     run_once(framework, variant, where, settings, mine)
     return {
-        "model": "GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=64)",
+        "model": f"GPT2Config(**{SIZES[settings.size].config()})",
         "settings": asdict(settings),
         "targets": TARGETS,
         "frameworks": {fw: summarize(v) for fw, v in runs.items()},
@@ -220,7 +225,7 @@ def verdict_cell(row: dict[str, Any], noise: float | None) -> str:
 def show_frameworks(console: Console, result: dict[str, Any]) -> None:
     """Print section 4's table: one block of rows per framework."""
     s = result["settings"]
-    title = (f"tightrope exec on framework trainers: tiny GPT-2, batch {s['batch']}, "
+    title = (f"tightrope exec on framework trainers: {s['size']} GPT-2, batch {s['batch']}, "
              f"{s['rounds']} rounds x {s['steps']} steps (+{s['warmup']} warm-up)")  # fmt: skip
     table = Table(title=title)
     columns = ("framework", "variant", "ms/step (median)", "mean", "x bare", "x bare (mean)",

@@ -1,4 +1,4 @@
-"""A tiny GPT-2 trained by Hugging Face's ``Trainer``, timing its own steps.
+"""A GPT-2 (``--size``, gpt2_sizes.py) trained by Hugging Face's ``Trainer``, timing its steps.
 
 ``python benchmarks/frameworks/hf_gpt2.py --steps N --out FILE``: ``N`` optimizer steps on
 synthetic tokens, then ``{"steps": ..., "step_s": [...], "cpu_s": [...]}`` in FILE:
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpt2_sizes import SIZES, Size  # this folder: the script is run as a file
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -27,9 +28,6 @@ from transformers import (
     TrainingArguments,
 )
 from transformers.utils import logging as hf_logging
-
-SEQ = 64
-VOCAB = 256
 
 
 class StepClock(TrainerCallback):
@@ -51,11 +49,11 @@ class StepClock(TrainerCallback):
 
 
 class Tokens(torch.utils.data.Dataset):
-    """``size`` fixed random sequences, their own labels (causal LM)."""
+    """``count`` fixed random sequences of the model's size, their own labels (causal LM)."""
 
-    def __init__(self, size: int, seed: int = 0) -> None:
+    def __init__(self, count: int, size: Size, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, VOCAB, (size, SEQ), generator=g)
+        self.ids = torch.randint(0, size.vocab, (count, size.seq), generator=g)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -69,13 +67,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
-                        bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)  # fmt: skip
-    model = GPT2LMHeadModel(config)
+    size = SIZES[args.size]
+    model = GPT2LMHeadModel(GPT2Config(**size.config()))
     clock = StepClock()
     with tempfile.TemporaryDirectory(prefix="hf-gpt2-") as tmp:
         training = TrainingArguments(
@@ -84,7 +82,7 @@ def main() -> None:
             logging_strategy="no", save_strategy="no", eval_strategy="no",
             disable_tqdm=True, dataloader_num_workers=0, seed=0,
         )  # fmt: skip
-        trainer = Trainer(model=model, args=training, train_dataset=Tokens(64 * args.batch),
+        trainer = Trainer(model=model, args=training, train_dataset=Tokens(64 * args.batch, size),
                           callbacks=[clock])  # fmt: skip
         trainer.train()
         steps = trainer.state.global_step

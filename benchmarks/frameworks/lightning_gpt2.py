@@ -1,4 +1,4 @@
-"""The same tiny GPT-2 trained by Lightning's ``Trainer``, timing its own steps.
+"""The same GPT-2 (``--size``, gpt2_sizes.py) trained by Lightning's ``Trainer``, timing steps.
 
 ``python benchmarks/frameworks/lightning_gpt2.py --steps N --out FILE``: ``N`` optimizer
 steps on synthetic tokens with automatic optimization and ``gradient_clip_val`` set, so
@@ -21,11 +21,9 @@ from typing import Any
 
 import lightning as L
 import torch
+from gpt2_sizes import SIZES, Size  # this folder: the script is run as a file
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
-
-SEQ = 64
-VOCAB = 256
 
 
 class StepClock(L.Callback):
@@ -47,14 +45,12 @@ class StepClock(L.Callback):
         self.cpu.append(time.process_time())
 
 
-class TinyGPT2(L.LightningModule):
+class GPT2(L.LightningModule):
     """GPT-2 as a causal LM on its own tokens, AdamW (as Hugging Face's Trainer sets it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: Size) -> None:
         super().__init__()
-        config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
-                            bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)  # fmt: skip
-        self.model = GPT2LMHeadModel(config)
+        self.model = GPT2LMHeadModel(GPT2Config(**size.config()))
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         """The loss of one batch."""
@@ -70,12 +66,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, VOCAB, (64 * args.batch, SEQ), generator=g)
+    size = SIZES[args.size]
+    tokens = torch.randint(0, size.vocab, (64 * args.batch, size.seq), generator=g)
     loader = torch.utils.data.DataLoader(tokens, batch_size=args.batch, shuffle=True)
     clock = StepClock()
     trainer = L.Trainer(
@@ -84,7 +82,7 @@ def main() -> None:
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         callbacks=[clock],
     )  # fmt: skip
-    trainer.fit(TinyGPT2(), loader)
+    trainer.fit(GPT2(size), loader)
     step_s = [b - a for a, b in itertools.pairwise(clock.marks)]
     cpu_s = [b - a for a, b in itertools.pairwise(clock.cpu)]
     args.out.write_text(json.dumps({"framework": "lightning", "steps": trainer.global_step,
