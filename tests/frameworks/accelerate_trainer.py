@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -115,6 +116,12 @@ def main() -> int:
             if overall_step >= args.steps:
                 break
     accelerator.print(f"final loss {loss.item()!r} at step {overall_step}")
+    # end_training() destroys the gloo process group torchrun made it create, and torch
+    # 2.13 + gloo can deadlock as a group is freed (docs/frameworks.md): one baseline run of
+    # this script hung to its timeout in a full test run. So the last collective ends
+    # first, and gloo's threads get a moment without the GIL, as in the other trainers here.
+    accelerator.wait_for_everyone()
+    time.sleep(0.1)
     accelerator.end_training()
     return 0
 

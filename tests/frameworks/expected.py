@@ -142,7 +142,9 @@ def run_dir(verdicts: SuiteResult, out_dir: Path, name: str) -> Path:
     its checkpoints are kept; see FAULT_FREE)."""
     if name in FAULT_FREE:
         result = next(r for r in verdicts.scenarios if r.name == FAULT_FREE[name])
-        assert result.baseline_dir, f"{FAULT_FREE[name]} kept no baseline"
+        assert result.baseline_dir, (
+            f"{FAULT_FREE[name]} kept no baseline ({result.status}: {result.error})"
+        )
         return out_dir / "cache" / result.baseline_dir
     result = next(r for r in verdicts.scenarios if r.name == name)
     return out_dir / "out" / result.run_dir
