@@ -1,5 +1,6 @@
-"""What the zero-code attach costs a framework trainer's step, timed from inside: the CPU
-time spent in tightrope's agent per step, over the step's own CPU time.
+"""What the zero-code attach costs a framework trainer's step, timed inside its process.
+
+The CPU time spent in tightrope's agent per step, over the step's own CPU time.
 
 Section 4 of ``agent_overhead.py`` compares whole runs, bare and under ``tightrope exec``;
 single runs differ from each other by several percent, more than the 2% it has to resolve.
