@@ -14,6 +14,7 @@ import torch
 
 from harness.commands.main import main as tightrope
 from harness.records.journal import read_journal
+from reference_trainer.checkpoints.run_dir import holds_no_run
 from reference_trainer.cli import main as trainer
 
 from .conftest import run_module
@@ -117,6 +118,18 @@ def test_resume_of_a_run_dir_never_made_starts_the_run(
     assert trainer(["--run-dir", str(run_dir), "--resume", "--steps", "1"]) == 0
     assert "starting the run over (--resume has nothing to resume)" in capsys.readouterr().err
     assert json.loads((run_dir / "config.json").read_text())["steps"] == 1
+
+
+def test_every_rank_takes_a_run_dir_not_yet_made_for_one_that_holds_no_run(
+    tmp_path: Path,
+) -> None:
+    # Rank 0 makes a missing run dir as it claims it; rank 1 of the same resumed job may
+    # look before that and must also start the run over, not refuse the dir (a two-rank
+    # crash point: killed before the run dir was made, resumed; `tightrope crashpoints
+    # --ranks 2` found rank 1 exiting "run dir ... does not exist").
+    assert holds_no_run(tmp_path / "never-made")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert not holds_no_run(tmp_path)
 
 
 def test_resume_of_a_dir_without_checkpoints(

@@ -80,9 +80,16 @@ def unfinished_start(run_dir: Path) -> str | None:
 
 
 def holds_no_run(run_dir: Path) -> bool:
-    """``run_dir`` exists and holds nothing but what comes before a start-up writes: its
-    claim, a runner's plan and log (a start killed right after claiming it; a folder made
-    for the run). A folder holding anything else is not taken for a run's."""
+    """``run_dir`` does not exist, or holds nothing but what comes before a start-up
+    writes: its claim, a runner's plan and log (a start killed right after claiming it; a
+    folder made for the run). A folder holding anything else is not taken for a run's.
+
+    Not there at all counts too: rank 0 makes a missing run dir as it claims it, and a
+    rank of the same job that looks before that must come to the same answer (a two-rank
+    job killed before its start made the dir, resumed, had rank 1 refuse it: "--resume:
+    run dir ... does not exist")."""
+    if not run_dir.exists():
+        return True
     layout = RunLayout(run_dir)
     try:
         names = {path.name for path in run_dir.iterdir()}
