@@ -46,9 +46,9 @@ class Layers:
     names: list[str]
     params: list[list[nn.Parameter]]
     modules: dict[str, list[nn.Module]]
-    flat: list[nn.Parameter] = field(default_factory=list)
+    flat: list[nn.Parameter] = field(init=False)
     """Every layer's parameters in one list, in layer order (the norms take them at once)."""
-    layer_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    layer_index: np.ndarray = field(init=False)
     """The layer of each of `flat`."""
 
     def __post_init__(self) -> None:
