@@ -77,8 +77,8 @@ def test_a_warm_run_leaves_what_a_fresh_one_leaves(
         _run(command(tmp_path / "fresh"), tmp_path / "fresh.log")
     assert set(warm_start.forked()) <= before
     _run(command(tmp_path / "warm"), tmp_path / "warm.log")
-    # Every rank was forked, none started afresh.
-    assert len(set(warm_start.forked()) - before) == ranks
+    # Every rank was forked, none started afresh, and so was torchrun's agent.
+    assert len(set(warm_start.forked()) - before) == ranks + (command is _two)
     _same_run(tmp_path / "fresh", tmp_path / "warm", ranks)
     # Negative control: the comparison sees a run that differs (another seed).
     _run(command(tmp_path / "other", "--seed", "1"), tmp_path / "other.log")
@@ -249,8 +249,10 @@ def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
     with warm_start.paused():
         _run(_exec(command(tmp_path / "fresh"), tmp_path / "fresh"), tmp_path / "fresh.log")
     _run(_exec(command(tmp_path / "warm"), tmp_path / "warm"), tmp_path / "warm.log")
-    # Exec itself, then each process of the program it runs.
-    assert len(set(warm_start.forked()) - before) == 1 + ranks
+    # Exec itself, then each process of the program it runs; torchrun's agent too, but
+    # where the server preloaded Lightning (whose import sets a variable the agent would
+    # hand on to its worker).
+    assert len(set(warm_start.forked()) - before) == 1 + ranks + (command is _ddp)
     fresh, warm_run = _observed(tmp_path / "fresh"), _observed(tmp_path / "warm")
     # The agent saw every step of every rank, and the saves.
     assert sorted(fresh[0]) == list(range(ranks)) and fresh[1], fresh
@@ -292,6 +294,25 @@ def test_which_torchrun_jobs_are_forked() -> None:
         assert (argv != command) is forked and (SOCKET_ENV in env) is forked, argv
         assert warm_start.EXEC_SOCKET_ENV not in env
     assert warm_start.warm_exec(one, {}) == one  # no server given: as it is
+
+
+def test_torchrun_itself_is_forked_unless_its_server_preloaded_a_framework(
+    tmp_path: Path,
+) -> None:
+    """The agent (torchrun's own process) is forked with its workers, but from a server
+    that preloaded an installed module (one process of a script importing Lightning, under
+    exec): Lightning's import sets a variable the agent would hand on to its worker."""
+    plain, framework = tmp_path / "plain.py", tmp_path / "framework.py"
+    plain.write_text("import torch\n")
+    framework.write_text("import lightning\n")
+    client = warm_start._client([])
+    module = [*TORCHRUN, "--nproc-per-node", "2", "-m", "reference_trainer", "--steps", "3"]
+    assert warm_start.rewrite(module)[: len(client)] == client  # outside exec
+    for script, processes, agent in [(plain, 1, True), (plain, 2, True), (framework, 1, False)]:
+        command = [*TORCHRUN, "--nproc-per-node", str(processes), str(script)]
+        argv = warm_start.warm_exec(command, {warm_start.EXEC_SOCKET_ENV: "/nowhere/socket"})
+        assert (argv[: len(client)] == client) is agent, argv
+        assert argv.count(client[-1]) == 1 + agent  # the workers are forked either way
 
 
 def test_a_launch_of_another_environment_replaces_an_idle_server(

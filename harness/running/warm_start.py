@@ -7,7 +7,8 @@ SCRIPT.py ...`` becomes the server's small client (`harness.inside.warm_client`)
 ``python -m torch.distributed.run OPTIONS -m MODULE ...`` (a script too, when the job is
 one process) runs that client as each of its workers (``--no-python``), so torchrun still
 starts, watches, signals and restarts every worker, and the worker is forked from an
-interpreter that imported torch once. That covers the reference trainer's ranks and
+interpreter that imported torch once; torchrun itself is forked too (its agent imports
+torch as a worker does). That covers the reference trainer's ranks and
 tightrope's own commands. One server serves every launch
 whose environment is its own but for what varies per process
 (`harness.inside.warm_server.VARYING_NAMES`). A command with interpreter options or another
@@ -60,10 +61,12 @@ _TORCHRUN = "torch.distributed.run"
 #: Where the launcher tells ``tightrope exec`` the server its command can be forked from.
 EXEC_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_SOCKET"
 
-#: Servers of this process at most (each holds torch in memory: the plain one, the attached
-#: one, one per framework a one-process program imports). A launch of another environment
-#: ends the least recently used server that serves nobody now, else starts afresh.
-MAX_SERVERS = 4
+#: Servers of this process at most (each holds torch in memory, about 300 MB: the plain one,
+#: the attached one, one per framework a one-process program imports, each of those for a
+#: launch that puts this checkout on PYTHONPATH and one that does not). A launch of another
+#: environment ends the least recently used server that serves nobody now, else starts
+#: afresh. With 4, a worker of make test started a server 15 times, 8 of them again.
+MAX_SERVERS = 8
 
 
 class _Server:
@@ -201,9 +204,12 @@ def _torchrun(argv: Sequence[str]) -> _Torchrun | None:
     return _Torchrun(options, worker, processes)
 
 
-def _warm_torchrun(argv: Sequence[str], job: _Torchrun) -> list[str]:
-    """torchrun ``argv`` running the warm client as each of its workers."""
-    return [*argv[:3], *job.options, "--no-python", *_client(job.worker)]
+def _warm_torchrun(argv: Sequence[str], job: _Torchrun, *, agent: bool) -> list[str]:
+    """torchrun ``argv`` running the warm client as each of its workers; ``agent``: torchrun
+    forked too (from a server that preloaded nothing: a preload's import may set variables,
+    as Lightning's does, that torchrun would hand on to its workers)."""
+    warm_job = [*argv[:3], *job.options, "--no-python", *_client(job.worker)]
+    return _client(warm_job) if agent else warm_job
 
 
 def _forked(job: _Torchrun, *, under_exec: bool) -> bool:
@@ -225,7 +231,7 @@ def rewrite(argv: Sequence[str]) -> list[str] | None:
         job = _torchrun(argv)
         if job is None or not _forked(job, under_exec=False):
             return None
-        return _warm_torchrun(argv, job)
+        return _warm_torchrun(argv, job, agent=True)
     if argv[1] == "-m" and not argv[2].startswith("-"):
         return _client(argv)
     if argv[1].endswith(".py") and not argv[1].startswith("-"):
@@ -315,7 +321,7 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
         job = _torchrun(argv)
         if job is not None and _forked(job, under_exec=True):
-            rewritten = _warm_torchrun(argv, job)
+            rewritten = _warm_torchrun(argv, job, agent=not preload_of(argv))
     elif address:
         rewritten = rewrite(argv)
     if rewritten is None:
