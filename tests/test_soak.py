@@ -5,13 +5,16 @@ damage is skipped, not a crash loop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from harness.commands.main import main as tightrope
 from harness.records.journal import read_journal
+from harness.running import warm_start
 from harness.soak.plan import soak_kinds
 from harness.suites.suite_loader import load_suite
 
@@ -31,18 +34,25 @@ INVARIANTS = {
 }
 
 
-def _soak(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, object]]:
+def _soak(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str, warm: bool = True
+) -> tuple[int, str, dict[str, object]]:
+    """``tightrope soak ARGS`` in this process, so that its trainer processes start warm as
+    the suite runner's do here (tests/conftest.py), unless not ``warm``; its fault-free runs
+    go to the session's baseline cache. Exit code, output, scorecard."""
     out = tmp_path / "soak"
-    # Its fault-free runs go to the session's baseline cache (tests/conftest.py).
-    done = run_module("-m", "harness", "soak", *args, "--scorecard", str(out), timeout=timeout)
-    card = json.loads((out / "scorecard.json").read_text()) if done.returncode in (0, 1) else {}
-    return done.returncode, done.stdout + done.stderr, card
+    capsys.readouterr()
+    with contextlib.nullcontext() if warm else warm_start.paused():
+        code = tightrope(["soak", *args, "--scorecard", str(out)])
+    printed = capsys.readouterr()
+    card = json.loads((out / "scorecard.json").read_text()) if code in (0, 1) else {}
+    return code, printed.out + printed.err, card
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_short_soak_holds_every_invariant_and_measures_what_faults_cost(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # 150 steps at 0.04 faults a step, three checkpoints (half the 300 steps this soak had
     # before; each step also trains in the fault-free run, on both ranks). This seed plans
@@ -54,10 +64,13 @@ def test_a_short_soak_holds_every_invariant_and_measures_what_faults_cost(
     # The kinds this seed's plan was drawn from when it was chosen: the crashing, wedged and
     # fail-slow kinds the soak draws by default since (each a torchrun restart or a wait of
     # its own) are held to the invariants by test_soak_properties.py and test_crash_recovery.py.
+    # Its processes start afresh, as a user's do: what it asks of the ETTR (faults cost
+    # time) needs restarts that cost what they cost a user.
     kinds = ",".join(k for k in soak_kinds() if k not in CRASH_AND_SLOW)
     code, output, card = _soak(
-        tmp_path, "--steps", "150", "--seed", "206", "--rate", "0.04", "--kinds", kinds
-    )
+        tmp_path, capsys, "--steps", "150", "--seed", "206", "--rate", "0.04", "--kinds", kinds,
+        warm=False,
+    )  # fmt: skip
     assert code == 0, output[-4000:]
     (soak,) = card["scenarios"]  # type: ignore[index]
     assert {c["name"] for c in soak["checks"]} == INVARIANTS
@@ -83,7 +96,7 @@ def test_a_short_soak_holds_every_invariant_and_measures_what_faults_cost(
 
 @pytest.mark.slow
 def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replays(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A second of soak: less than any calibrated length, so the soak trains its shortest,
     # two checkpoints (40 steps with a checkpoint every 20, whatever the machine's speed;
@@ -91,8 +104,9 @@ def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replay
     # still measures the step rate. One rank: what is shown here (a broken invariant, its
     # shrinking, the replay) does not need two, and the soak of two ranks is the test above.
     code, output, card = _soak(
-        tmp_path, "--minutes", "0.02", "--rate", "0.05", "--seed", "5", "--kinds", "nan_grad",
-        "--preset", "fragile", "--world-size", "1", "--checkpoint-every", "20",
+        tmp_path, capsys, "--minutes", "0.02", "--rate", "0.05", "--seed", "5",
+        "--kinds", "nan_grad", "--preset", "fragile", "--world-size", "1",
+        "--checkpoint-every", "20",
     )  # fmt: skip
     assert code == 1, output[-4000:]
     soak, minimal = card["scenarios"]  # type: ignore[misc]
@@ -108,11 +122,10 @@ def test_the_fragile_trainer_breaks_an_invariant_shrunk_to_one_fault_that_replay
     assert soak["metrics"]["steps"] == 40
     assert soak["metrics"]["calibrated_seconds_per_step"] > 0
     # Replayed by the suite runner: it breaks again.
-    again = run_module(
-        "-m", "harness", "run", str(tmp_path / "soak" / "minimal.yaml"),
-        "--scorecard", str(tmp_path / "replay"),
-    )  # fmt: skip
-    assert again.returncode == 1, again.stdout[-3000:]
+    again = tightrope(
+        ["run", str(tmp_path / "soak" / "minimal.yaml"), "--scorecard", str(tmp_path / "replay")]
+    )
+    assert again == 1, capsys.readouterr().out[-3000:]
 
 
 @pytest.mark.slow

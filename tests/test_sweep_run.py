@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.main import main as tightrope
+
 from .conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -41,16 +43,17 @@ def _env(cache: Path) -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TIGHTROPE_CACHE=str(cache))
 
 
-def _sweep(args: list[str], cache: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", "sweep", *args],
-        cwd=ROOT,
-        env=_env(cache),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def _sweep(args: list[str], cache: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``tightrope sweep ARGS`` in this process (its trainer processes start warm, as the
+    suite runner's do here: tests/conftest.py) from the checkout, with ``cache``: exit code
+    and output."""
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        patch.setenv("TIGHTROPE_CACHE", str(cache))
+        code = tightrope(["sweep", *args])
+    printed = capsys.readouterr()
+    return code, printed.out + printed.err
 
 
 def _ctrl_c_reaches_it() -> None:
@@ -61,7 +64,9 @@ def _ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_a_grid_is_judged_and_a_stopped_sweep_goes_on_from_its_cache(tmp_path: Path) -> None:
+def test_a_grid_is_judged_and_a_stopped_sweep_goes_on_from_its_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     file, out, cache = tmp_path / "guards.yaml", tmp_path / "out", tmp_path / "cache"
     file.write_text(GRID)
     # Stopped (Ctrl-C) once two runs have finished: what finished is kept. One run at a
@@ -87,8 +92,8 @@ def test_a_grid_is_judged_and_a_stopped_sweep_goes_on_from_its_cache(tmp_path: P
     kept = len(partial["runs"])
     assert 2 <= kept < 4
 
-    done = _sweep([str(file), "--out", str(out)], cache)
-    assert done.returncode == 1, done.stdout + done.stderr  # the fragile cells fall short
+    code, said = _sweep([str(file), "--out", str(out)], cache, capsys)
+    assert code == 1, said  # the fragile cells fall short
     data = json.loads((out / "sweep.json").read_text())
     assert data["complete"] is True and len(data["runs"]) == 4
     assert sum(r["cached"] for r in data["runs"]) >= kept
@@ -98,7 +103,7 @@ def test_a_grid_is_judged_and_a_stopped_sweep_goes_on_from_its_cache(tmp_path: P
         bare = cells[f"preset=fragile, optimizer.beta2={beta2}"]
         assert (guarded["passed"], guarded["runs"]) == (1, 1)
         assert (bare["passed"], bare["failed_checks"]) == (0, {"params_finite": 1})
-    assert "below min_success 0.5" in done.stdout
+    assert "below min_success 0.5" in said
     assert {p.name for p in out.iterdir()} >= {"sweep.json", "sweep.md", "sweep.html", "runs"}
 
     # The same file under pytest: one item per cell, every run reused from the cache.
@@ -114,7 +119,9 @@ def test_a_grid_is_judged_and_a_stopped_sweep_goes_on_from_its_cache(tmp_path: P
     assert not (reports / "runs").exists()  # nothing ran again
 
 
-def test_a_command_trainer_sweeps_its_variants(tmp_path: Path) -> None:
+def test_a_command_trainer_sweeps_its_variants(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     file, out = tmp_path / "tutorial.yaml", tmp_path / "out"
     trainer = "{python} tests/trainers/tutorial_loop.py --steps {steps} --seed {seed}"
     file.write_text(
@@ -129,8 +136,8 @@ grid:
 seeds: 1
 """
     )
-    done = _sweep([str(file), "--out", str(out)], tmp_path / "cache")
-    assert done.returncode == 0, done.stdout + done.stderr  # no min_success: nothing falls short
+    code, said = _sweep([str(file), "--out", str(out)], tmp_path / "cache", capsys)
+    assert code == 0, said  # no min_success: nothing falls short
     bare, guarded = json.loads((out / "sweep.json").read_text())["cells"]
     assert (bare["passed"], guarded["passed"]) == (0, 1)
     assert bare["failed_checks"] == {"params_finite": 1}
