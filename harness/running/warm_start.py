@@ -65,7 +65,7 @@ EXEC_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_SOCKET"
 #: the attached one, one per framework a one-process program imports, each of those for a
 #: launch that puts this checkout on PYTHONPATH and one that does not). A launch of another
 #: environment ends the least recently used server that serves nobody now, else starts
-#: afresh. With 4, a worker of make test started a server 15 times, 8 of them again.
+#: afresh. With 4, a worker of make test started 15 servers, 8 of them after ending one.
 MAX_SERVERS = 8
 
 
