@@ -321,7 +321,10 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
         job = _torchrun(argv)
         if job is not None and _forked(job, under_exec=True):
-            rewritten = _warm_torchrun(argv, job, agent=not preload_of(argv))
+            # The server exec was given preloads what `preload_of` finds: only for a job of
+            # one process, read from its worker's script (torchrun's arguments parsed once).
+            agent = job.processes != 1 or not preload_of(job.worker)
+            rewritten = _warm_torchrun(argv, job, agent=agent)
     elif address:
         rewritten = rewrite(argv)
     if rewritten is None:
