@@ -249,10 +249,9 @@ def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
     with warm_start.paused():
         _run(_exec(command(tmp_path / "fresh"), tmp_path / "fresh"), tmp_path / "fresh.log")
     _run(_exec(command(tmp_path / "warm"), tmp_path / "warm"), tmp_path / "warm.log")
-    # Exec itself, then each process of the program it runs; torchrun's agent too, but
-    # where the server preloaded Lightning (whose import sets a variable the agent would
-    # hand on to its worker).
-    assert len(set(warm_start.forked()) - before) == 1 + ranks + (command is _ddp)
+    # Exec itself, then each process of the program it runs, and torchrun's agent (from
+    # the server that preloaded nothing where the worker's preloaded Lightning).
+    assert len(set(warm_start.forked()) - before) == 1 + ranks + (command is not _inplace)
     fresh, warm_run = _observed(tmp_path / "fresh"), _observed(tmp_path / "warm")
     # The agent saw every step of every rank, and the saves.
     assert sorted(fresh[0]) == list(range(ranks)) and fresh[1], fresh
@@ -296,23 +295,37 @@ def test_which_torchrun_jobs_are_forked() -> None:
     assert warm_start.warm_exec(one, {}) == one  # no server given: as it is
 
 
-def test_torchrun_itself_is_forked_unless_its_server_preloaded_a_framework(
+def test_torchrun_itself_is_forked_but_never_from_a_server_that_preloaded_a_framework(
     tmp_path: Path,
 ) -> None:
-    """The agent (torchrun's own process) is forked with its workers, but from a server
+    """The agent (torchrun's own process) is forked with its workers, but not from a server
     that preloaded an installed module (one process of a script importing Lightning, under
-    exec): Lightning's import sets a variable the agent would hand on to its worker."""
+    exec): Lightning's import sets a variable the agent would hand on to its worker. The
+    agent is then forked from the server given for it, else started afresh."""
     plain, framework = tmp_path / "plain.py", tmp_path / "framework.py"
     plain.write_text("import torch\n")
     framework.write_text("import lightning\n")
     client = warm_start._client([])
     module = [*TORCHRUN, "--nproc-per-node", "2", "-m", "reference_trainer", "--steps", "3"]
     assert warm_start.rewrite(module)[: len(client)] == client  # outside exec
-    for script, processes, agent in [(plain, 1, True), (plain, 2, True), (framework, 1, False)]:
+    preloaded, bare = "/preloaded/socket", "/bare/socket"
+    for script, processes, given, agent in [
+        (plain, 1, False, True),
+        (plain, 2, False, True),
+        (framework, 1, False, False),
+        (framework, 1, True, True),
+    ]:
         command = [*TORCHRUN, "--nproc-per-node", str(processes), str(script)]
-        argv = warm_start.warm_exec(command, {warm_start.EXEC_SOCKET_ENV: "/nowhere/socket"})
+        env = {warm_start.EXEC_SOCKET_ENV: preloaded}
+        env |= {warm_start.EXEC_AGENT_SOCKET_ENV: bare} if given else {}
+        argv = warm_start.warm_exec(command, env)
         assert (argv[: len(client)] == client) is agent, argv
         assert argv.count(client[-1]) == 1 + agent  # the workers are forked either way
+        # Each process asks the server it was meant for: the one given torchrun, if any;
+        # the one that preloaded the script's imports, its worker.
+        assert env[SOCKET_ENV] == (bare if given else preloaded)
+        assert (f"--socket={preloaded}" in argv) is (script is framework)
+        assert warm_start.EXEC_AGENT_SOCKET_ENV not in env
 
 
 def test_a_launch_of_another_environment_replaces_an_idle_server(

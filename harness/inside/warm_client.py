@@ -1,6 +1,7 @@
 """The stand-in for a trainer process forked by the warm-start server
 (`harness.inside.warm_server`): run as ``python -I -S warm_client.py PYTHON ARGS...`` with
-the server's socket in ``TIGHTROPE_WARM_SOCKET``.
+the server's socket in ``TIGHTROPE_WARM_SOCKET`` (or ``--socket=PATH`` first: torchrun's
+workers, when its own process was forked from another server than theirs).
 
 It asks the server to fork ``PYTHON ARGS...`` on this process's standard streams, with its
 environment and working folder; then forwards every signal it gets to the child and ends as
@@ -19,6 +20,7 @@ import socket
 import sys
 
 SOCKET_ENV = "TIGHTROPE_WARM_SOCKET"
+SOCKET_OPTION = "--socket="
 
 #: Forwarded to the child: what torchrun, a shell or the harness may send a worker.
 FORWARDED = (
@@ -47,8 +49,11 @@ def _end_as(status: int) -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
+    address = os.environ.get(SOCKET_ENV, "")
+    if argv and argv[0].startswith(SOCKET_OPTION):
+        address, argv = argv[0][len(SOCKET_OPTION) :], argv[1:]
     if not argv:
-        sys.exit("usage: warm_client.py PYTHON ARGS...")
+        sys.exit("usage: warm_client.py [--socket=PATH] PYTHON ARGS...")
     child: list[int] = []
     pending: list[int] = []
 
@@ -60,7 +65,6 @@ def main() -> None:
             os.kill(child[0], signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
-    address = os.environ.get(SOCKET_ENV, "")
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(address)

@@ -19,7 +19,10 @@ one worker) is forked from a server of the environment exec gives it (the agent'
 bootstrap first on PYTHONPATH), which wraps the save and load functions before forking as
 `harness.inside.zygote` does, and has imported the installed modules a one-process
 script imports (`preload_of`: Lightning, transformers); each child attaches the agent as
-a fresh start would (`warm_exec`).
+a fresh start would (`warm_exec`). torchrun running such a script is forked from the
+attached server that preloaded nothing (`EXEC_AGENT_SOCKET_ENV`: a preload's import may set
+variables, as Lightning's does, that torchrun would hand on to its worker), its worker
+from the one that did.
 At most `MAX_SERVERS` servers; the least recently used idle one makes way for another.
 
 Not on by default: a user's launch starts every process afresh. tests/test_warm_start.py
@@ -47,7 +50,7 @@ from typing import NamedTuple
 
 from harness.inside.crash_hook import installed
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
-from harness.inside.warm_client import SOCKET_ENV
+from harness.inside.warm_client import SOCKET_ENV, SOCKET_OPTION
 from harness.inside.warm_server import static
 from harness.running.process_tree import MARK, descendants, end_by_stdin
 
@@ -60,6 +63,9 @@ _TORCHRUN = "torch.distributed.run"
 
 #: Where the launcher tells ``tightrope exec`` the server its command can be forked from.
 EXEC_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_SOCKET"
+#: ... and the one torchrun's own process can be forked from, when that server preloaded
+#: the worker's imports.
+EXEC_AGENT_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_AGENT_SOCKET"
 
 #: Servers of this process at most (each holds torch in memory, about 300 MB: the plain one,
 #: the attached one, one per framework a one-process program imports, each of those for a
@@ -169,8 +175,10 @@ def forked() -> list[int]:
     return pids
 
 
-def _client(argv: Sequence[str]) -> list[str]:
-    return [sys.executable, "-I", "-S", CLIENT, *argv]
+def _client(argv: Sequence[str], server: str = "") -> list[str]:
+    """The warm client running ``argv``, from ``server`` (else the one in its environment)."""
+    option = [SOCKET_OPTION + server] if server else []
+    return [sys.executable, "-I", "-S", CLIENT, *option, *argv]
 
 
 class _Torchrun(NamedTuple):
@@ -204,11 +212,14 @@ def _torchrun(argv: Sequence[str]) -> _Torchrun | None:
     return _Torchrun(options, worker, processes)
 
 
-def _warm_torchrun(argv: Sequence[str], job: _Torchrun, *, agent: bool) -> list[str]:
-    """torchrun ``argv`` running the warm client as each of its workers; ``agent``: torchrun
-    forked too (from a server that preloaded nothing: a preload's import may set variables,
-    as Lightning's does, that torchrun would hand on to its workers)."""
-    warm_job = [*argv[:3], *job.options, "--no-python", *_client(job.worker)]
+def _warm_torchrun(
+    argv: Sequence[str], job: _Torchrun, *, agent: bool = True, workers_at: str = ""
+) -> list[str]:
+    """torchrun ``argv`` running the warm client as each of its workers (forked from server
+    ``workers_at``, else the one in the environment); ``agent``: torchrun forked too (from a
+    server that preloaded nothing: a preload's import may set variables, as Lightning's
+    does, that torchrun would hand on to its workers)."""
+    warm_job = [*argv[:3], *job.options, "--no-python", *_client(job.worker, workers_at)]
     return _client(warm_job) if agent else warm_job
 
 
@@ -231,7 +242,7 @@ def rewrite(argv: Sequence[str]) -> list[str] | None:
         job = _torchrun(argv)
         if job is None or not _forked(job, under_exec=False):
             return None
-        return _warm_torchrun(argv, job, agent=True)
+        return _warm_torchrun(argv, job)
     if argv[1] == "-m" and not argv[2].startswith("-"):
         return _client(argv)
     if argv[1].endswith(".py") and not argv[1].startswith("-"):
@@ -293,7 +304,9 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
 
     ``tightrope exec`` (``python -m harness exec ...``) is forked too, and given a second
     server, of the environment it gives its command (the agent's bootstrap first on
-    PYTHONPATH), in `EXEC_SOCKET_ENV`: `warm_exec` starts the command from there."""
+    PYTHONPATH), in `EXEC_SOCKET_ENV`: `warm_exec` starts the command from there (and,
+    when that server preloads what torchrun's worker imports, torchrun itself from the
+    attached one that preloads nothing, in `EXEC_AGENT_SOCKET_ENV`)."""
     if not _enabled or _attached(env):
         return list(argv)
     rewritten = rewrite(argv)
@@ -304,9 +317,14 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
         return list(argv)
     if list(argv[1:4]) == ["-m", "harness", "exec"]:
         command = argv[argv.index("--") + 1 :] if "--" in argv else []
-        attached = _server_for(child_env(env, Path(os.getcwd()), None), preload_of(command))
+        attached_env, preload = child_env(env, Path(os.getcwd()), None), preload_of(command)
+        attached = _server_for(attached_env, preload)
         if attached is not None:
             env[EXEC_SOCKET_ENV] = attached.address
+            torchrun = command[1:3] == ["-m", _TORCHRUN]
+            plain = _server_for(attached_env) if preload and torchrun else None
+            if plain is not None:
+                env[EXEC_AGENT_SOCKET_ENV] = plain.address
     env[SOCKET_ENV] = server.address
     return rewritten
 
@@ -316,15 +334,19 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     when the launcher gave exec a server (`EXEC_SOCKET_ENV`; then ``env`` gains its
     socket) and it has one (a torchrun job: as `_forked` says under exec; else as
     `rewrite` says), else ``argv`` itself."""
-    address = env.pop(EXEC_SOCKET_ENV, "")
+    address, agent_address = env.pop(EXEC_SOCKET_ENV, ""), env.pop(EXEC_AGENT_SOCKET_ENV, "")
     rewritten = None
     if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
         job = _torchrun(argv)
         if job is not None and _forked(job, under_exec=True):
             # The server exec was given preloads what `preload_of` finds: only for a job of
-            # one process, read from its worker's script (torchrun's arguments parsed once).
-            agent = job.processes != 1 or not preload_of(job.worker)
-            rewritten = _warm_torchrun(argv, job, agent=agent)
+            # one process, read from its worker's script (torchrun's arguments parsed once);
+            # then torchrun is forked from the server given for it, if any.
+            if job.processes == 1 and preload_of(job.worker):
+                rewritten = _warm_torchrun(argv, job, agent=bool(agent_address), workers_at=address)
+                address = agent_address or address
+            else:
+                rewritten = _warm_torchrun(argv, job)
     elif address:
         rewritten = rewrite(argv)
     if rewritten is None:
