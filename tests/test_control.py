@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from faults import FaultSpecError
+from harness.commands.main import main as tightrope
 from harness.inside.agent import Agent
 from harness.live.control import (
     Answer,
@@ -28,6 +29,7 @@ from harness.live.control import (
 from harness.live.control_board import ControlChannel
 from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
+from harness.running import warm_start
 
 from .conftest import ROOT
 
@@ -121,14 +123,19 @@ def test_the_agent_arms_a_command_for_the_asked_step(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_live_injection_into_a_running_two_rank_job(tmp_path: Path) -> None:
+def test_live_injection_into_a_running_two_rank_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The job starts as the suite's other trainer processes do (forked warm, when the session
+    # is); ``tightrope inject`` runs in this process, so it lands within a step or two of the
+    # fifth, and 100 steps leave the job running long after the step it is armed for.
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", "-m", "reference_trainer", "--preset", "tiny", "--steps", "100",
+            "--log-every", "1000", "--run-dir", str(tmp_path)]  # fmt: skip
     job = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "reference_trainer", "--preset", "tiny", "--steps", "300", "--log-every", "1000",
-         "--run-dir", str(tmp_path)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        warm_start.warm(argv, env), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         journal = tmp_path / "journal" / "rank-1.jsonl"
@@ -136,15 +143,16 @@ def test_live_injection_into_a_running_two_rank_job(tmp_path: Path) -> None:
         while time.monotonic() < deadline:
             if journal.exists() and journal.read_text().count('"kind":"step"') >= 5:
                 break
-            time.sleep(0.2)
-        inject = subprocess.run(
-            [sys.executable, "-m", "harness", "inject", str(tmp_path), "nan_grad",
-             "--rank", "1", "--in-steps", "3", "target=blocks.0.*"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+            time.sleep(0.05)
+        capsys.readouterr()
+        code = tightrope(
+            ["inject", str(tmp_path), "nan_grad", "--rank", "1", "--in-steps", "3",
+             "target=blocks.0.*"]
         )  # fmt: skip
-        assert inject.returncode == 0, inject.stderr
-        effective = int(inject.stdout.split("armed for step ")[1].split()[0])
-        at = int(inject.stdout.split("the job was at step ")[1].rstrip(")\n"))
+        printed = capsys.readouterr()
+        assert code == 0, printed.err
+        effective = int(printed.out.split("armed for step ")[1].split()[0])
+        at = int(printed.out.split("the job was at step ")[1].rstrip(")\n"))
         assert effective == at + 3
         job.wait(timeout=300)
     finally:
@@ -207,8 +215,6 @@ def test_nothing_in_the_inbox_ends_the_job(tmp_path: Path) -> None:
 def test_inject_parameters_that_are_no_yaml_scalar_are_one_line_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.commands.main import main as tightrope
-
     ensure_secret(tmp_path)
     # Not YAML: taken as the text it is, which a fraction is not.
     code = tightrope(["inject", str(tmp_path), "nan_grad", "fraction=!!python/object:os.system"])
