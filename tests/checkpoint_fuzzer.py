@@ -39,6 +39,7 @@ import torch
 
 from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
+from harness.running import warm_start
 from reference_trainer.checkpoints.manager import CheckpointConfig
 from tests.checkpoint_mutations import MUTATIONS, Target
 from tests.checkpoint_truth import (
@@ -153,10 +154,11 @@ def run_cli(run_dir: Path, timeout: float) -> tuple[int | None, str, str]:
         open(run_dir.parent / "cli.out", "w+b") as out,
         open(run_dir.parent / "cli.err", "w+b") as err,
     ):
+        env = trainer_env()  # forked warm when the test session is (tests/conftest.py)
         proc = subprocess.Popen(
-            argv,
+            warm_start.warm(argv, env),
             cwd=ROOT,
-            env=trainer_env(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,

@@ -23,6 +23,7 @@ import torch
 
 from harness.errors import TightropeError
 from harness.run_layout import RunLayout
+from harness.running import warm_start
 from reference_trainer.checkpoints.files import load_rng
 from reference_trainer.checkpoints.manager import CheckpointConfig, CheckpointManager
 from reference_trainer.checkpoints.run_dir import check_resumable
@@ -195,8 +196,13 @@ def build_pristine(base: Path, timeout: float = 600) -> Pristine:
         argv = [sys.executable, "-m", "reference_trainer", "--run-dir", str(run_dir)]
         argv += ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--seed", str(seed)]
         argv += ["--keep-checkpoints", "100", "--log-every", "1000"]
+        env = trainer_env()  # forked warm when the test session is (tests/conftest.py)
         procs[key] = subprocess.Popen(
-            argv, cwd=ROOT, env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            warm_start.warm(argv, env),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
     for key, proc in procs.items():
         try:
