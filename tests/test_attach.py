@@ -16,6 +16,7 @@ import harness
 from faults import FaultPlan
 from harness.commands.main import main as tightrope
 from harness.records.journal import Journal, read_journal
+from harness.running import warm_start
 
 from .plain_train import VOCAB, Net
 
@@ -109,10 +110,12 @@ def test_an_exception_ends_the_run_as_failed(tmp_path: Path) -> None:
 
 
 def launch(*args: str) -> subprocess.Popen[str]:
-    """Start a command in the repository root with one thread per process."""
+    """Start a command in the repository root with one thread per process (forked warm when
+    the test session is: tests/conftest.py)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    argv = warm_start.warm(list(args), env)
     return subprocess.Popen(
-        list(args), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 

@@ -26,6 +26,7 @@ from faults.checkpoint import BitflipFileSpec
 from faults.injector import StepContext
 from harness.inside.step_identity import number
 from harness.records.journal import Journal, read_journal
+from harness.running import warm_start
 
 from .plain_train import VOCAB, Net
 from .shaped_train import batch, save
@@ -42,7 +43,11 @@ def exec_run(root: Path, name: str, *args: str) -> tuple[Journal, str, Path]:
     out.mkdir(parents=True)
     command = [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir)]
     command += ["--plan", str(plan), "--", sys.executable, SCRIPT, "--out", str(out), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    env = dict(os.environ)  # forked warm when the test session is (tests/conftest.py)
+    done = subprocess.run(
+        warm_start.warm(command, env), capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env=env,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return read_journal(run_dir), done.stdout, out
 
@@ -239,6 +244,7 @@ def test_a_program_that_imports_the_attach_module_before_torch_runs_under_exec(
     )
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), "--"]
+    # Afresh (never forked warm): the order of the program's own imports is what is tested.
     done = subprocess.run([*command, sys.executable, str(script)], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -15,6 +15,7 @@ import pytest
 
 from harness.records.journal import read_journal
 from harness.run_layout import RunLayout
+from harness.running import warm_start
 
 from .test_metrics import _scrape, assert_matches, expected, samples, value
 
@@ -43,8 +44,9 @@ def test_a_reference_run_exposes_what_it_journals(tmp_path: Path) -> None:
     }
     argv = [sys.executable, "-m", "reference_trainer", "--preset", "tiny", "--steps", str(STEPS)]
     argv += ["--precision", "fp16", "--checkpoint-every", "5", "--fault-plan", str(plan)]
+    argv = warm_start.warm([*argv, "--run-dir", str(run_dir)], env)  # as the suite's trainers
     proc = subprocess.Popen(
-        [*argv, "--run-dir", str(run_dir)], cwd=ROOT, env=env,
+        argv, cwd=ROOT, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     scraped: list[tuple[float, float]] = []  # (step, loss) as the endpoint said mid-run

@@ -28,6 +28,7 @@ from harness.records.microscope_file import (
     read_microscope,
 )
 from harness.run_layout import RunLayout
+from harness.running import warm_start
 
 from .plain_train import VOCAB, Net
 from .test_attach import batches
@@ -212,6 +213,7 @@ def _exec(run_dir: Path, steps: int, nproc: int = 1, spec: str = "every=5") -> N
                     "--nproc-per-node", str(nproc)]  # fmt: skip
     cmd = [sys.executable, "-m", "harness", "exec", "--run-dir", str(run_dir), "--",
            *launcher, "tests/plain_train.py", "--steps", str(steps)]  # fmt: skip
+    cmd = warm_start.warm(cmd, env)  # forked warm when the test session is (tests/conftest.py)
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
