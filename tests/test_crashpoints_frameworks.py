@@ -16,6 +16,8 @@ durations alone are in docs/crashpoints.md ("Findings on frameworks").
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -32,6 +34,8 @@ pytest.importorskip("lightning")
 
 from safetensors import SafetensorError
 
+from harness.commands.main import main as tightrope
+from harness.running import warm_start
 from tests.frameworks.final_weights import same_weights
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,10 +62,12 @@ def env() -> dict[str, str]:
 
 
 def uninterrupted(command: list[str], where: Path) -> Path:
-    """Run the trainer once, plainly (no tightrope), and return its final weights."""
+    """Run the trainer once, plainly (no tightrope), and return its final weights (forked
+    warm, as the suite's trainer processes are, when the session is: tests/conftest.py)."""
     where.mkdir(parents=True)
-    cmd = [part.replace(SLOT, str(where)) for part in command]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    plain = env()
+    cmd = warm_start.warm([part.replace(SLOT, str(where)) for part in command], plain)
+    proc = subprocess.run(cmd, cwd=ROOT, env=plain, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return where / FINAL
 
@@ -85,13 +91,15 @@ class Exploration:
 
 
 def explore(out: Path, command: list[str], *options: str) -> Exploration:
-    """``tightrope crashpoints --out OUT --cores 2 OPTIONS -- COMMAND``."""
-    cmd = [sys.executable, "-m", "harness", "crashpoints", "--out", str(out), "--cores", "2",
-           *options, "--", *command]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+    """``tightrope crashpoints --out OUT --cores 2 OPTIONS -- COMMAND``, in this process (its
+    jobs run attached, each afresh as a user's; this checkout is the working folder)."""
+    args = ["crashpoints", "--out", str(out), "--cores", "2", *options, "--", *command]
+    printed, said = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(said):
+        code = tightrope(args)
     report = out / "crashpoints.json"
-    assert report.exists(), (proc.stdout + proc.stderr)[-3000:]
-    return Exploration(proc.returncode, json.loads(report.read_text()), out, proc.stdout)
+    assert report.exists(), (printed.getvalue() + said.getvalue())[-3000:]
+    return Exploration(code, json.loads(report.read_text()), out, printed.getvalue())
 
 
 @dataclass(frozen=True, slots=True)
