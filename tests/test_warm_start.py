@@ -67,6 +67,23 @@ def _same_run(a: Path, b: Path, ranks: int) -> None:
     assert_same_tensors(final_state(a), final_state(b))
 
 
+def test_a_launch_is_timed_from_its_start_not_from_its_servers(tmp_path: Path, warm: None) -> None:
+    """The first launch of an environment starts its server (which imports torch) before the
+    program starts: that is not the launch's time, which ETTR and recovery times divide by
+    (a fault-free run made first would otherwise look slower than the faulted one after)."""
+    script = tmp_path / "quick.py"
+    script.write_text("pass\n")
+    env = {**ENV, "ENVIRONMENT_OF_ONE_TEST": str(tmp_path)}  # a server of its own
+    servers = warm_start.server_pids()
+    before = time.monotonic()
+    launch = run_process([sys.executable, str(script), "-"], log=tmp_path / "log",
+                         deadline=before + 120, env=env)  # fmt: skip
+    took = time.monotonic() - before
+    assert launch.exit_code == 0, (tmp_path / "log").read_text()
+    assert len(warm_start.server_pids() - servers) == 1  # started for it, and it was forked
+    assert launch.seconds < took - 0.5, (launch.seconds, took)
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(("command", "ranks"), [(_one, 1), (_two, 2)], ids=["one", "torchrun"])
 def test_a_warm_run_leaves_what_a_fresh_one_leaves(
