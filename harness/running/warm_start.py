@@ -67,12 +67,13 @@ EXEC_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_SOCKET"
 #: the worker's imports.
 EXEC_AGENT_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_AGENT_SOCKET"
 
-#: Servers of this process at most (each holds torch in memory, about 300 MB: the plain one,
-#: the attached one, one per framework a one-process program imports, each of those for a
-#: launch that puts this checkout on PYTHONPATH and one that does not). A launch of another
-#: environment ends the least recently used server that serves nobody now, else starts
-#: afresh. With 4, a worker of make test started 15 servers, 8 of them after ending one.
-MAX_SERVERS = 8
+#: Servers of this process at most (each holds torch in memory, about 300 MB, 430 MB with
+#: Lightning: the plain one, the attached one, one per framework a one-process program
+#: imports, each of those for a launch that puts this checkout on PYTHONPATH and one that
+#: does not). A launch of another environment ends the least recently used server that
+#: serves nobody now, else starts afresh. With 4, a worker of make test started 15 servers,
+#: 8 of them after ending one; with 8, the two workers started 27, 5 after ending one.
+MAX_SERVERS = 10
 
 
 class _Server:
