@@ -30,6 +30,7 @@ from harness.records.microscope_file import (
     read_microscope,
 )
 from harness.run_layout import RunLayout
+from harness.running import warm_start
 from harness.running.process_tree import MARK
 
 LAYERS = ["embed", "blocks.0.attn", "blocks.0.mlp", "blocks.1.attn", "blocks.1.mlp", "head"]
@@ -375,10 +376,11 @@ def test_a_background_job_ends_when_its_processes_are_gone_not_at_run_end(
 def test_live_view_of_a_real_tiny_training_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "reference_trainer", "--preset", "tiny", "--steps", "40"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     trainer = subprocess.Popen(
-        [*argv, "--run-dir", str(run_dir)],
+        warm_start.warm([*argv, "--run-dir", str(run_dir)], env),  # as the suite's trainers
         cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
