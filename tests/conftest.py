@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import shutil
@@ -20,6 +21,15 @@ from harness.running import warm_start
 from tests import lanes
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def require(*modules: str) -> None:
+    """Skip the calling test module unless each of ``modules`` is installed, found without
+    importing it (``pytest.importorskip`` imports it in every worker at collection: 2.3 s
+    for Lightning, whose trainers the tests run in processes of their own)."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}", allow_module_level=True)
 
 
 def run_module(

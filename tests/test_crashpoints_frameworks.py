@@ -28,15 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("transformers")
-pytest.importorskip("lightning")
-
 from safetensors import SafetensorError
 
 from harness.commands.main import main as tightrope
 from harness.running import warm_start
+from tests.conftest import require
 from tests.frameworks.final_weights import same_weights
+
+require("transformers", "lightning")
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORKS = ROOT / "tests" / "frameworks"

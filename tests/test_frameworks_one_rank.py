@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 
 from harness.running.results import SuiteResult
-
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-pytest.importorskip("lightning")
-
+from tests.conftest import require
 from tests.frameworks.expected import ROOT, check_facts, check_verdicts, run_suite_of
+
+require("transformers", "accelerate", "lightning")
 
 SUITE = ROOT / "tests" / "frameworks" / "one_rank.yaml"
 NAMES = {

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from harness.running.results import SuiteResult
-
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")  # the Trainer's own dependency
-
+from tests.conftest import require
 from tests.frameworks.expected import ROOT, check_facts, check_verdicts, run_suite_of
+
+require("transformers", "accelerate")
 
 SUITES = [ROOT / "tests" / "frameworks" / name for name in ("two_ranks.yaml", "dcp.yaml")]
 NAMES = {
