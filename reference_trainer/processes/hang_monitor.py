@@ -21,12 +21,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.records.journal import JournalWriter
 from harness.run_layout import RunLayout
 from reference_trainer.processes import collective_counts
 from reference_trainer.processes.wedge import classify, culprits
+
+if TYPE_CHECKING:
+    from harness.records.journal import JournalWriter
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -97,6 +99,9 @@ def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> i
         # A stopped or busy process is the culprit the others wait for; else the laggard.
         found = classify(beats)
         lost = culprits(found) or behind(beats, now)
+        # Imported here: the monitor of a rank that never hangs starts without the journal.
+        from harness.records.journal import JournalWriter
+
         with JournalWriter(run_dir, rank, restart=int(beat.get("restart", 0))) as journal:
             journal.emit(
                 "detected",
