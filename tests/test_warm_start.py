@@ -8,6 +8,7 @@ what makes that a faithful shortcut."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import JournalError
+from harness.inside import warm_server
+from harness.inside.exec_env import BOOTSTRAP_DIR
 from harness.inside.warm_client import SOCKET_ENV
 from harness.records.journal import read_journal
 from harness.running import warm_start
@@ -31,7 +34,10 @@ from .test_trainer import assert_same_tensors, final_state
 pytestmark = pytest.mark.slow
 
 TINY = ["--preset", "tiny", "--steps", "6", "--checkpoint-every", "3", "--log-every", "1000"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+#: Without a PYTHONPATH of the caller's: then a launch's server is the bare one, which serves
+#: its programs itself, not one forked from it for that PYTHONPATH (the tests count servers).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+ENV |= {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def _one(run_dir: Path, *extra: str) -> list[str]:
@@ -208,6 +214,80 @@ def test_a_refused_request_starts_afresh(tmp_path: Path, warm: None) -> None:
         )
     assert code == 0 and len(warm_start.forked()) == len(before) + 1
     assert SOCKET_ENV in env
+
+
+#: What a program sees of its interpreter's start: its path, and the sitecustomize it ran.
+PROBE = (
+    "import sys; print(sys.path); print(getattr(sys.modules.get('sitecustomize'), '__file__', 0))"
+)
+
+
+@pytest.mark.parametrize(
+    "pythonpath",
+    ["{root}", "{bootstrap}:{root}", "rel::{root}:{root}"],
+    ids=["checkout", "bootstrap", "relative-empty-twice"],
+)
+def test_a_server_of_another_pythonpath_is_forked_from_the_bare_one(
+    pythonpath: str, tmp_path: Path, own_servers: None
+) -> None:
+    """A server whose environment differs from the bare one's in PYTHONPATH only is forked
+    from it (not started anew: torch is not imported again), and what it forks sees the
+    path and the sitecustomize a fresh interpreter with that PYTHONPATH sees."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**ENV, "PYTHONPATH": pythonpath.format(root=root, bootstrap=BOOTSTRAP_DIR)}
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE + "\n")
+    argv = [sys.executable, str(probe)]
+    server = warm_start._server_for(env)  # (`warm` leaves an attached one to exec)
+    assert server is not None and server.base is not None
+    warm_argv = warm_start._client(argv, server.address)
+    assert f"forked {server.pid}: -c " in (Path(server.base.folder) / "server.log").read_text()
+    assert server.pid in descendants(server.base.pid)
+    fresh = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    warm = subprocess.run(warm_argv, env=env, capture_output=True, text=True, check=True)
+    assert len(warm_start.forked()) == 1  # the probe, from the forked server
+    assert warm.stdout == fresh.stdout
+    assert ("_bootstrap" in fresh.stdout.splitlines()[1]) is ("bootstrap" in pythonpath)
+
+
+def test_a_server_asked_of_a_server_that_cannot_fork_it_starts_afresh(
+    tmp_path: Path, own_servers: None
+) -> None:
+    """Only the bare server forks servers: one asked of another is started afresh by its
+    client, and serves as well."""
+    attached = warm_start._server_for({**ENV, "PYTHONPATH": str(BOOTSTRAP_DIR)})
+    assert attached is not None and attached.base is not None
+    server = warm_start._Server({**ENV, "PYTHONPATH": str(tmp_path)}, (), base=attached)
+    try:
+        assert server.ready and server.pid == server.proc.pid  # the client became it
+        log = (Path(attached.folder) / "server.log").read_text()
+        assert "refused: a server, and this one is not bare" in log
+    finally:
+        server.close()
+
+
+def test_a_pythonpath_that_would_shadow_an_imported_module_is_refused(tmp_path: Path) -> None:
+    """A folder new on the path that holds a module the bare server imported from elsewhere
+    (here ``json``) would give a fresh interpreter another module: that server is not
+    forked. The checkout itself, where ``harness`` was imported from, shadows nothing."""
+    (tmp_path / "json.py").write_text("")
+    root = str(Path(__file__).resolve().parents[1])
+    assert warm_server._shadowed([str(tmp_path)]) == "json"
+    assert warm_server._shadowed([root, str(BOOTSTRAP_DIR)]) is None
+    request = {
+        "argv": [sys.executable, "-c", "pass"],
+        "cwd": str(tmp_path),
+        "env": {**ENV, "PYTHONPATH": str(tmp_path), warm_server.SERVE_ENV: "{}"},
+    }
+    bare = warm_server.static({k: v for k, v in ENV.items() if k != "PYTHONPATH"})
+    assert warm_server._refusal(request, bare, True, bare=True) == "a malformed server request"
+    spec = {"address": "x", "root": root, "attached": False, "preload": []}
+    request["env"][warm_server.SERVE_ENV] = json.dumps(spec)
+    reason = warm_server._refusal(request, bare, True, bare=True)
+    assert reason == "a server whose PYTHONPATH holds json, imported here"
+    # Negative control: the same request with a folder that shadows nothing is served.
+    request["env"]["PYTHONPATH"] = root
+    assert warm_server._refusal(request, bare, True, bare=True) is None
 
 
 TESTS = Path(__file__).parent

@@ -22,6 +22,14 @@ environment differs from the server's in anything but `VARYING` (what torchrun s
 worker, tightrope's per-run variables, pytest's current test): a variable read at import
 time would otherwise be the server's, not the program's.
 
+A server that preloads nothing, attaches nothing and has no PYTHONPATH also forks other
+servers (`SERVE_ENV` in the request): one whose environment differs from its own in
+PYTHONPATH only (this checkout, the agent's bootstrap), which then attaches or preloads as
+its request says. The child rebuilds ``sys.path`` as a fresh interpreter with that
+PYTHONPATH would have made it (`fresh_path`) and imports the ``sitecustomize`` it finds
+there, as ``site`` would have; a request whose new folders hold a module this server has
+already imported from elsewhere is refused (`_shadowed`).
+
 Standard library only until the preload.
 """
 
@@ -65,6 +73,10 @@ VARYING_PREFIXES = ("TORCHELASTIC_", "TIGHTROPE_")
 #: The most bytes a request may hold (its command line and environment).
 MAX_REQUEST = 1 << 20
 
+#: Set in a request for a server (JSON: its address, whether attached, its preload, the
+#: folder the launcher appends to its path): fork it rather than run the command.
+SERVE_ENV = "TIGHTROPE_WARM_SERVE"
+
 
 def varying(name: str) -> bool:
     """``name`` may differ between the server's environment and a request's."""
@@ -100,12 +112,79 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     return request, fds
 
 
+def fresh_path(pythonpath: str, path: list[str]) -> list[str]:
+    """``sys.path`` as a fresh interpreter run with ``pythonpath`` in the working folder
+    would make it, from ``path``, that of one run without PYTHONPATH: each folder made
+    absolute (an empty one is the working folder), after the script's entry and before the
+    rest, each once."""
+    added = list(dict.fromkeys(os.path.abspath(p) for p in pythonpath.split(os.pathsep)))
+    added = added if pythonpath else []
+    return [path[0], *added, *(p for p in path[1:] if p not in added)]
+
+
+def _shadowed(folders: list[str]) -> str | None:
+    """A module this interpreter has imported that a fresh one would have found in one of
+    ``folders`` (put first on its path) rather than where this one found it, or None;
+    ``usercustomize`` too, which a fresh one would have run."""
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            top = name.partition(".")[0]
+            if top == "usercustomize":
+                return top
+            module = sys.modules.get(top) if top else None
+            if module is None:
+                continue
+            where = getattr(module, "__file__", None) or next(
+                iter(getattr(module, "__path__", [])), ""
+            )
+            if not where or not os.path.abspath(where).startswith(os.path.join(folder, "")):
+                return top
+    return None
+
+
+def _server_refusal(request: dict[str, Any], env: dict[str, str]) -> str | None:
+    """Why the server ``request`` asks for cannot be forked from this one (which preloads
+    and attaches nothing), or None."""
+    argv, wanted = request.get("argv"), request.get("env")
+    if not isinstance(argv, list) or argv[:2] != [sys.executable, "-c"] or len(argv) != 3:
+        return "a server, not as this interpreter runs one"
+    if env.get("PYTHONPATH"):
+        return "a server, and this one has a PYTHONPATH"
+    assert isinstance(wanted, dict)
+    if {k: v for k, v in static(wanted).items() if k != "PYTHONPATH"} != env:
+        return "a server of another environment than PYTHONPATH"
+    try:
+        spec = json.loads(wanted[SERVE_ENV])
+        cwd = str(request["cwd"])
+        pythonpath = str(wanted.get("PYTHONPATH", ""))
+        assert isinstance(spec["address"], str) and isinstance(spec["root"], str)
+        assert isinstance(spec["attached"], bool) and isinstance(spec["preload"], list)
+    except (KeyError, ValueError, TypeError, AssertionError):
+        return "a malformed server request"
+    folders = [os.path.join(cwd, p) for p in pythonpath.split(os.pathsep)] if pythonpath else []
+    clash = _shadowed([os.path.abspath(f) for f in folders])
+    return f"a server whose PYTHONPATH holds {clash}, imported here" if clash else None
+
+
 def _refusal(
-    request: dict[str, Any], env: dict[str, str], unbuffered: bool, one_process: bool = False
+    request: dict[str, Any],
+    env: dict[str, str],
+    unbuffered: bool,
+    one_process: bool = False,
+    *,
+    bare: bool = False,
 ) -> str | None:
     """Why ``request`` cannot be forked from here, or None. ``one_process``: the server
     preloaded installed modules, which may read a rank's variables when imported (Lightning
-    reads ``RANK`` and ``LOCAL_RANK``), so it serves no process of a job of several."""
+    reads ``RANK`` and ``LOCAL_RANK``), so it serves no process of a job of several.
+    ``bare``: it preloads and attaches nothing (then it may fork a server)."""
+    wanted = request.get("env")
+    if isinstance(wanted, dict) and SERVE_ENV in wanted:
+        return _server_refusal(request, env) if bare else "a server, and this one is not bare"
     argv = request.get("argv")
     if not isinstance(argv, list) or len(argv) < 2 or argv[0] != sys.executable:
         return "not this interpreter"
@@ -126,10 +205,13 @@ def _refusal(
 
 
 class _Server:
-    def __init__(self, path: list[str], listener: socket.socket, *, one_process: bool) -> None:
+    def __init__(
+        self, path: list[str], listener: socket.socket, *, one_process: bool, bare: bool
+    ) -> None:
         self.path = path
         self.listener = listener
         self.one_process = one_process
+        self.bare = bare
         self.env = static(dict(os.environ))
         self.unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         self.selector = selectors.DefaultSelector()
@@ -159,7 +241,7 @@ class _Server:
                 conn.close()
                 return
             request, fds = received
-            reason = _refusal(request, self.env, self.unbuffered, self.one_process)
+            reason = _refusal(request, self.env, self.unbuffered, self.one_process, bare=self.bare)
             if reason is not None:
                 for fd in fds:
                     os.close(fd)
@@ -188,6 +270,8 @@ class _Server:
             for fd in fds:
                 if fd > 2:
                     os.close(fd)
+            if SERVE_ENV in request["env"]:
+                _become_server(request, self.path)  # never returns
             if request["argv"][1] == "-u":
                 request = {**request, "argv": [request["argv"][0], *request["argv"][2:]]}
             become(request, self.path)  # never returns
@@ -233,6 +317,25 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _become_server(request: dict[str, Any], path: list[str]) -> None:
+    """In a forked child whose standard streams are set: become the server that ``python -c``
+    of the launcher's would be with ``request``'s environment (`_server_refusal` let it),
+    from ``path``, the one this bare server's interpreter made; never returns."""
+    spec = json.loads(request["env"][SERVE_ENV])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    path = fresh_path(os.environ.get("PYTHONPATH", ""), path)
+    sys.path[:] = [*path, spec["root"]]  # as the launcher's program appends it
+    try:  # as `site` does at a fresh start: the first sitecustomize on the new path
+        import sitecustomize  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            raise
+    serve(path, spec["address"], attached=spec["attached"], preload=tuple(spec["preload"]))
+    raise SystemExit(0)
+
+
 def serve(
     path: list[str], address: str, *, attached: bool = False, preload: tuple[str, ...] = ()
 ) -> None:
@@ -251,5 +354,6 @@ def serve(
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
-    print("ready", flush=True)
-    _Server(path, listener, one_process=bool(preload)).run(control)
+    print(f"ready {os.getpid()}", flush=True)
+    bare = not attached and not preload
+    _Server(path, listener, one_process=bool(preload), bare=bare).run(control)

@@ -23,7 +23,11 @@ a fresh start would (`warm_exec`). torchrun running such a script is forked from
 attached server that preloaded nothing (`EXEC_AGENT_SOCKET_ENV`: a preload's import may set
 variables, as Lightning's does, that torchrun would hand on to its worker), its worker
 from the one that did.
-At most `MAX_SERVERS` servers; the least recently used idle one makes way for another.
+At most `MAX_SERVERS` servers; the least recently used idle one makes way for another. A
+server whose environment differs from the bare one's (no PYTHONPATH) in PYTHONPATH only, or
+that preloads, is forked from the bare one (`harness.inside.warm_server`: ``sys.path``
+rebuilt as a fresh start with that PYTHONPATH builds it), so torch is imported once a
+worker rather than once a server; refused, its client starts it afresh.
 
 Not on by default: a user's launch starts every process afresh. tests/test_warm_start.py
 shows a warm run leaves what a fresh one leaves.
@@ -36,6 +40,7 @@ import atexit
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -51,7 +56,7 @@ from typing import NamedTuple
 from harness.inside.crash_hook import installed
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
 from harness.inside.warm_client import SOCKET_ENV, SOCKET_OPTION
-from harness.inside.warm_server import static
+from harness.inside.warm_server import SERVE_ENV, static
 from harness.running.process_tree import MARK, descendants, end_by_stdin
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -68,42 +73,58 @@ EXEC_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_SOCKET"
 EXEC_AGENT_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_AGENT_SOCKET"
 
 #: Servers of this process at most (each holds torch in memory, about 300 MB, 430 MB with
-#: Lightning: the plain one, the attached one, one per framework a one-process program
-#: imports, each of those for a launch that puts this checkout on PYTHONPATH and one that
-#: does not). A launch of another environment ends the least recently used server that
-#: serves nobody now, else starts afresh. With 4, a worker of make test started 15 servers,
-#: 8 of them after ending one; with 8, the two workers started 27, 5 after ending one.
+#: Lightning, less where one forked from the bare server still shares its pages: the bare
+#: one, the attached one, one per framework a one-process program imports, each of those
+#: for a launch that puts this checkout on PYTHONPATH and one that does not). A launch of
+#: another environment ends the least recently used server that serves nobody now, else
+#: starts afresh. With 4, a worker of make test started 15 servers, 8 of them after ending
+#: one; with 8, the two workers started 27, 5 after ending one.
 MAX_SERVERS = 10
 
 
 class _Server:
-    """One warm-start server process (see the module)."""
+    """One warm-start server process (see the module); forked from ``base`` when given
+    (then its process here is the client that stands for it)."""
 
-    def __init__(self, env: dict[str, str], preload: tuple[str, ...]) -> None:
+    def __init__(
+        self, env: dict[str, str], preload: tuple[str, ...], base: _Server | None = None
+    ) -> None:
         self.folder = tempfile.mkdtemp(prefix="tightrope-warm-")
         self.address = os.path.join(self.folder, "socket")
+        self.base = base
         attached = _attached(env)
         serve = _SERVE.format(
             root=str(_ROOT), address=self.address, attached=attached, preload=preload
         )
+        argv, server_env = [sys.executable, "-c", serve], {**static(env), MARK: uuid.uuid4().hex}
+        if base is not None:
+            spec = {"address": self.address, "attached": attached, "preload": list(preload)}
+            server_env[SERVE_ENV] = json.dumps({**spec, "root": str(_ROOT)})
+            argv = _client(argv, base.address)  # refused: the client starts it afresh
         with open(os.path.join(self.folder, "server.log"), "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", serve],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env={**static(env), MARK: uuid.uuid4().hex},
+                env=server_env,
                 start_new_session=True,
             )
         assert self.proc.stdout is not None
-        self.ready = self.proc.stdout.readline().strip() == b"ready"
+        ready = self.proc.stdout.readline().split()
+        self.ready = len(ready) == 2 and ready[0] == b"ready" and ready[1].isdigit()
+        #: The server's own pid (not its client's, when forked).
+        self.pid = int(ready[1]) if self.ready else self.proc.pid
         self.used = time.monotonic()
         if not self.ready:
             self.close()
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def idle(self) -> bool:
         """Serving nobody: no child of the server runs (its children are what it forked)."""
-        return self.proc.poll() is not None or not descendants(self.proc.pid)
+        return not self.alive() or not descendants(self.pid)
 
     def close(self) -> None:
         """End the server (it kills any child still running) and remove its folder."""
@@ -149,30 +170,34 @@ def paused() -> Iterator[None]:
 
 
 def close_all() -> None:
-    """End every server of this process (at exit, or to start cold again)."""
+    """End every server of this process (at exit, or to start cold again): those forked
+    from another first (a server ending kills what it forked, not what that forked)."""
     global _enabled
     with _lock:
         _enabled = False
-        servers = list(_servers.values())
+        servers = sorted(_servers.values(), key=lambda server: server.base is None)
         _servers.clear()
     for server in servers:
         server.close()
 
 
 def server_pids() -> set[int]:
-    """The pids of this process's running servers (not their children)."""
+    """The pids of this process's running servers, and of the clients that stand for those
+    forked from another (not their children)."""
     with _lock:
-        return {s.proc.pid for s in _servers.values() if s.proc.poll() is None}
+        return {pid for s in _servers.values() if s.alive() for pid in (s.pid, s.proc.pid)}
 
 
 def forked() -> list[int]:
-    """The pid of every process this process's servers forked (from their logs)."""
+    """The pid of every program this process's servers forked (from their logs; the servers
+    forked from another, ``-c`` programs, are not counted)."""
     pids = []
     with _lock:
         folders = [server.folder for server in _servers.values()]
     for folder in folders:
         with contextlib.suppress(OSError), open(os.path.join(folder, "server.log")) as log:
-            pids += [int(line.split()[1].rstrip(":")) for line in log if line.startswith("forked ")]
+            lines = [line.split(" ", 2) for line in log if line.startswith("forked ")]
+            pids += [int(pid.rstrip(":")) for _, pid, rest in lines if not rest.startswith("-c ")]
     return pids
 
 
@@ -237,7 +262,9 @@ def _forked(job: _Torchrun, *, under_exec: bool) -> bool:
 def rewrite(argv: Sequence[str]) -> list[str] | None:
     """The warm form of ``argv``, or None when it has none (see the module; a torchrun
     job's: `_forked`)."""
-    if len(argv) < 3 or argv[0] != sys.executable:
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return None
+    if argv[1] == "-m" and len(argv) < 3:
         return None
     if argv[1] == "-m" and argv[2] == _TORCHRUN:
         job = _torchrun(argv)
@@ -358,22 +385,28 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
 
 
 def _server_for(env: dict[str, str], preload: tuple[str, ...] = ()) -> _Server | None:
-    key = (frozenset({**static(env), "": os.getcwd()}.items()), preload)
     with _lock:
-        if not _enabled:
-            return None
-        server = _servers.get(key)
-        if server is not None and server.proc.poll() is None:
-            server.used = time.monotonic()
-            return server
-        if server is None and len(_servers) >= MAX_SERVERS:
-            idle = [k for k, s in _servers.items() if s.idle()]
-            if not idle:
-                return None  # a launch of yet another environment starts afresh
-            _servers.pop(min(idle, key=lambda k: _servers[k].used)).close()
-        server = _Server(env, preload)
-        if not server.ready:
-            _servers.pop(key, None)
-            return None
-        _servers[key] = server
+        return _server_locked(env, preload) if _enabled else None
+
+
+def _server_locked(env: dict[str, str], preload: tuple[str, ...]) -> _Server | None:
+    """The server for ``env`` and ``preload``, started if need be: forked from the bare
+    server of ``env`` less its PYTHONPATH (started first if need be) when they differ."""
+    key = (frozenset({**static(env), "": os.getcwd()}.items()), preload)
+    server = _servers.get(key)
+    if server is not None and server.alive():
+        server.used = time.monotonic()
         return server
+    bare = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    base = _server_locked(bare, ()) if preload or "PYTHONPATH" in env else None
+    if server is None and len(_servers) >= MAX_SERVERS:
+        idle = [k for k, s in _servers.items() if s.idle() and s is not base]
+        if not idle:
+            return None  # a launch of yet another environment starts afresh
+        _servers.pop(min(idle, key=lambda k: _servers[k].used)).close()
+    server = _Server(env, preload, base)
+    if not server.ready:
+        _servers.pop(key, None)
+        return None
+    _servers[key] = server
+    return server
