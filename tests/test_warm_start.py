@@ -8,7 +8,6 @@ what makes that a faithful shortcut."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -217,8 +216,11 @@ def test_a_refused_request_starts_afresh(tmp_path: Path, warm: None) -> None:
 
 
 #: What a program sees of its interpreter's start: its path, and the sitecustomize it ran.
+#: What a program sees of its interpreter's start: its arguments, its path, the
+#: sitecustomize it ran, how its main module was loaded.
 PROBE = (
-    "import sys; print(sys.path); print(getattr(sys.modules.get('sitecustomize'), '__file__', 0))"
+    "import sys; print(sys.argv, sys.path); "
+    "print(getattr(sys.modules.get('sitecustomize'), '__file__', 0), type(__loader__))"
 )
 
 
@@ -231,62 +233,59 @@ def test_a_server_of_another_pythonpath_is_forked_from_the_bare_one(
     pythonpath: str, tmp_path: Path, own_servers: None
 ) -> None:
     """A server whose environment differs from the bare one's in PYTHONPATH only is forked
-    from it (not started anew: torch is not imported again), and what it forks sees the
-    path and the sitecustomize a fresh interpreter with that PYTHONPATH sees."""
+    from it, as a ``python -c`` program (not started anew: torch is not imported again),
+    and a script or a ``-c`` program it forks sees the arguments, path and sitecustomize
+    a fresh interpreter with that PYTHONPATH sees."""
     root = str(Path(__file__).resolve().parents[1])
     env = {**ENV, "PYTHONPATH": pythonpath.format(root=root, bootstrap=BOOTSTRAP_DIR)}
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE + "\n")
-    argv = [sys.executable, str(probe)]
     server = warm_start._server_for(env)  # (`warm` leaves an attached one to exec)
     assert server is not None and server.base is not None
-    warm_argv = warm_start._client(argv, server.address)
     assert f"forked {server.pid}: -c " in (Path(server.base.folder) / "server.log").read_text()
     assert server.pid in descendants(server.base.pid)
-    fresh = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
-    warm = subprocess.run(warm_argv, env=env, capture_output=True, text=True, check=True)
-    assert len(warm_start.forked()) == 1  # the probe, from the forked server
-    assert warm.stdout == fresh.stdout
-    assert ("_bootstrap" in fresh.stdout.splitlines()[1]) is ("bootstrap" in pythonpath)
+    for argv in ([sys.executable, str(probe), "a"], [sys.executable, "-c", PROBE, "a"]):
+        fresh = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        warm_argv = warm_start._client(argv, server.address)
+        warm = subprocess.run(warm_argv, env=env, capture_output=True, text=True, check=True)
+        assert warm.stdout == fresh.stdout
+        assert ("_bootstrap" in fresh.stdout.splitlines()[1]) is ("bootstrap" in pythonpath)
+    assert len(warm_start.forked()) == 2  # the probes, from the forked server
 
 
 def test_a_server_asked_of_a_server_that_cannot_fork_it_starts_afresh(
     tmp_path: Path, own_servers: None
 ) -> None:
-    """Only the bare server forks servers: one asked of another is started afresh by its
-    client, and serves as well."""
+    """Only the bare server serves another PYTHONPATH: a server asked of another (here the
+    attached one) is started afresh by its client, and serves as well."""
     attached = warm_start._server_for({**ENV, "PYTHONPATH": str(BOOTSTRAP_DIR)})
     assert attached is not None and attached.base is not None
     server = warm_start._Server({**ENV, "PYTHONPATH": str(tmp_path)}, (), base=attached)
     try:
         assert server.ready and server.pid == server.proc.pid  # the client became it
         log = (Path(attached.folder) / "server.log").read_text()
-        assert "refused: a server, and this one is not bare" in log
+        assert "refused: another environment: PYTHONPATH" in log
     finally:
         server.close()
 
 
 def test_a_pythonpath_that_would_shadow_an_imported_module_is_refused(tmp_path: Path) -> None:
     """A folder new on the path that holds a module the bare server imported from elsewhere
-    (here ``json``) would give a fresh interpreter another module: that server is not
-    forked. The checkout itself, where ``harness`` was imported from, shadows nothing."""
+    (here ``json``) would give a fresh interpreter another module: not served. The
+    checkout itself, where ``harness`` was imported from, shadows nothing."""
     (tmp_path / "json.py").write_text("")
     root = str(Path(__file__).resolve().parents[1])
     assert warm_server._shadowed([str(tmp_path)]) == "json"
     assert warm_server._shadowed([root, str(BOOTSTRAP_DIR)]) is None
-    request = {
-        "argv": [sys.executable, "-c", "pass"],
-        "cwd": str(tmp_path),
-        "env": {**ENV, "PYTHONPATH": str(tmp_path), warm_server.SERVE_ENV: "{}"},
-    }
     bare = warm_server.static({k: v for k, v in ENV.items() if k != "PYTHONPATH"})
-    assert warm_server._refusal(request, bare, True, bare=True) == "a malformed server request"
-    spec = {"address": "x", "root": root, "attached": False, "preload": []}
-    request["env"][warm_server.SERVE_ENV] = json.dumps(spec)
-    reason = warm_server._refusal(request, bare, True, bare=True)
-    assert reason == "a server whose PYTHONPATH holds json, imported here"
+    env = {**ENV, "PYTHONPATH": f"{BOOTSTRAP_DIR}:{tmp_path.name}"}
+    request = {"argv": [sys.executable, "-c", "pass"], "cwd": str(tmp_path.parent), "env": env}
+    reason = "a PYTHONPATH that holds json, imported here from elsewhere"
+    assert warm_server._refusal(request, bare, True, bare=True) == reason
+    # Not the bare server: another PYTHONPATH is another environment.
+    assert "another environment: PYTHONPATH" in str(warm_server._refusal(request, bare, True))
     # Negative control: the same request with a folder that shadows nothing is served.
-    request["env"]["PYTHONPATH"] = root
+    request["env"] = {**ENV, "PYTHONPATH": f"{BOOTSTRAP_DIR}:{root}"}
     assert warm_server._refusal(request, bare, True, bare=True) is None
 
 

@@ -29,6 +29,7 @@ from typing import IO, Any
 from harness.errors import TightropeError
 from harness.running.launch import Launch
 from harness.running.process_tree import MARK, end_by_stdin, kill_marked, kill_tree
+from harness.running.warm_start import from_bare_server
 
 #: Variables that differ from run to run (the run dir, the crash hook's point, the launch's
 #: mark): a request's environment may differ from the zygote's in these only.
@@ -77,7 +78,7 @@ class Zygote:
         serve = _SERVE.format(root=root, preload=preload)
         self._log: IO[bytes] = open(log, "ab")  # noqa: SIM115 (closed in close)
         self._proc = subprocess.Popen(
-            [python, "-c", serve],
+            from_bare_server([python, "-c", serve], self.env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

@@ -22,13 +22,14 @@ environment differs from the server's in anything but `VARYING` (what torchrun s
 worker, tightrope's per-run variables, pytest's current test): a variable read at import
 time would otherwise be the server's, not the program's.
 
-A server that preloads nothing, attaches nothing and has no PYTHONPATH also forks other
-servers (`SERVE_ENV` in the request): one whose environment differs from its own in
-PYTHONPATH only (this checkout, the agent's bootstrap), which then attaches or preloads as
-its request says. The child rebuilds ``sys.path`` as a fresh interpreter with that
-PYTHONPATH would have made it (`fresh_path`) and imports the ``sitecustomize`` it finds
-there, as ``site`` would have; a request whose new folders hold a module this server has
-already imported from elsewhere is refused (`_shadowed`).
+The bare server (one that preloads and attaches nothing and has no PYTHONPATH) also serves
+a request whose environment differs from its own in PYTHONPATH too (this checkout, the
+agent's bootstrap): the child rebuilds ``sys.path`` as a fresh interpreter with that
+PYTHONPATH would have made it (`harness.inside.zygote.fresh_path`) and imports the
+``sitecustomize`` it finds there, as ``site`` would have; a PYTHONPATH whose folders hold a
+module the server has already imported from elsewhere is refused (`_shadowed`). So the
+launcher's other servers (``python -c``, as any program) and the crash points' zygote are
+forked from it instead of importing torch anew.
 
 Standard library only until the preload.
 """
@@ -73,10 +74,6 @@ VARYING_PREFIXES = ("TORCHELASTIC_", "TIGHTROPE_")
 #: The most bytes a request may hold (its command line and environment).
 MAX_REQUEST = 1 << 20
 
-#: Set in a request for a server (JSON: its address, whether attached, its preload, the
-#: folder the launcher appends to its path): fork it rather than run the command.
-SERVE_ENV = "TIGHTROPE_WARM_SERVE"
-
 
 def varying(name: str) -> bool:
     """``name`` may differ between the server's environment and a request's."""
@@ -112,16 +109,6 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     return request, fds
 
 
-def fresh_path(pythonpath: str, path: list[str]) -> list[str]:
-    """``sys.path`` as a fresh interpreter run with ``pythonpath`` in the working folder
-    would make it, from ``path``, that of one run without PYTHONPATH: each folder made
-    absolute (an empty one is the working folder), after the script's entry and before the
-    rest, each once."""
-    added = list(dict.fromkeys(os.path.abspath(p) for p in pythonpath.split(os.pathsep)))
-    added = added if pythonpath else []
-    return [path[0], *added, *(p for p in path[1:] if p not in added)]
-
-
 def _shadowed(folders: list[str]) -> str | None:
     """A module this interpreter has imported that a fresh one would have found in one of
     ``folders`` (put first on its path) rather than where this one found it, or None;
@@ -146,28 +133,12 @@ def _shadowed(folders: list[str]) -> str | None:
     return None
 
 
-def _server_refusal(request: dict[str, Any], env: dict[str, str]) -> str | None:
-    """Why the server ``request`` asks for cannot be forked from this one (which preloads
-    and attaches nothing), or None."""
-    argv, wanted = request.get("argv"), request.get("env")
-    if not isinstance(argv, list) or argv[:2] != [sys.executable, "-c"] or len(argv) != 3:
-        return "a server, not as this interpreter runs one"
-    if env.get("PYTHONPATH"):
-        return "a server, and this one has a PYTHONPATH"
-    assert isinstance(wanted, dict)
-    if {k: v for k, v in static(wanted).items() if k != "PYTHONPATH"} != env:
-        return "a server of another environment than PYTHONPATH"
-    try:
-        spec = json.loads(wanted[SERVE_ENV])
-        cwd = str(request["cwd"])
-        pythonpath = str(wanted.get("PYTHONPATH", ""))
-        assert isinstance(spec["address"], str) and isinstance(spec["root"], str)
-        assert isinstance(spec["attached"], bool) and isinstance(spec["preload"], list)
-    except (KeyError, ValueError, TypeError, AssertionError):
-        return "a malformed server request"
-    folders = [os.path.join(cwd, p) for p in pythonpath.split(os.pathsep)] if pythonpath else []
-    clash = _shadowed([os.path.abspath(f) for f in folders])
-    return f"a server whose PYTHONPATH holds {clash}, imported here" if clash else None
+def _pythonpath_refusal(request: dict[str, Any]) -> str | None:
+    """Why the bare server cannot fork ``request``, whose PYTHONPATH is its own, or None."""
+    pythonpath, cwd = str(request["env"].get("PYTHONPATH", "")), str(request.get("cwd") or "")
+    folders = [os.path.abspath(os.path.join(cwd, p)) for p in pythonpath.split(os.pathsep)]
+    clash = _shadowed(folders if pythonpath else [])
+    return f"a PYTHONPATH that holds {clash}, imported here from elsewhere" if clash else None
 
 
 def _refusal(
@@ -181,25 +152,30 @@ def _refusal(
     """Why ``request`` cannot be forked from here, or None. ``one_process``: the server
     preloaded installed modules, which may read a rank's variables when imported (Lightning
     reads ``RANK`` and ``LOCAL_RANK``), so it serves no process of a job of several.
-    ``bare``: it preloads and attaches nothing (then it may fork a server)."""
-    wanted = request.get("env")
-    if isinstance(wanted, dict) and SERVE_ENV in wanted:
-        return _server_refusal(request, env) if bare else "a server, and this one is not bare"
+    ``bare``: it preloads and attaches nothing and has no PYTHONPATH, so it may serve
+    another PYTHONPATH too."""
     argv = request.get("argv")
     if not isinstance(argv, list) or len(argv) < 2 or argv[0] != sys.executable:
         return "not this interpreter"
     if argv[1] == "-u" and not unbuffered:
         return "-u, and this interpreter's output is buffered"
     program = argv[2:] if argv[1] == "-u" else argv[1:]
-    if not program or (program[0].startswith("-") and program[:1] != ["-m"]):
+    if not program or (program[0].startswith("-") and program[0] not in ("-m", "-c")):
         return "an interpreter option other than -u, or no program"
     if program[0] == "-m" and (len(program) < 2 or program[1].startswith("-")):
         return "-m without a module"
+    if program[0] == "-c" and len(program) < 2:
+        return "-c without a program"
     wanted = request.get("env")
     if one_process and isinstance(wanted, dict) and wanted.get("WORLD_SIZE", "1") != "1":
         return "one of several processes, and modules preloaded that may read its rank"
-    if not isinstance(wanted, dict) or static(wanted) != env:
-        differ = sorted(set(static(wanted or {}).items()) ^ set(env.items()))
+    theirs = static(wanted) if isinstance(wanted, dict) else {}
+    if bare and "PYTHONPATH" in theirs:
+        theirs.pop("PYTHONPATH")
+        if theirs == env:
+            return _pythonpath_refusal(request)
+    if not isinstance(wanted, dict) or theirs != env:
+        differ = sorted(set(theirs.items()) ^ set(env.items()))
         return "another environment: " + ", ".join(sorted({k for k, _ in differ}))[:200]
     return None
 
@@ -270,8 +246,6 @@ class _Server:
             for fd in fds:
                 if fd > 2:
                     os.close(fd)
-            if SERVE_ENV in request["env"]:
-                _become_server(request, self.path)  # never returns
             if request["argv"][1] == "-u":
                 request = {**request, "argv": [request["argv"][0], *request["argv"][2:]]}
             become(request, self.path)  # never returns
@@ -317,25 +291,6 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def _become_server(request: dict[str, Any], path: list[str]) -> None:
-    """In a forked child whose standard streams are set: become the server that ``python -c``
-    of the launcher's would be with ``request``'s environment (`_server_refusal` let it),
-    from ``path``, the one this bare server's interpreter made; never returns."""
-    spec = json.loads(request["env"][SERVE_ENV])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    path = fresh_path(os.environ.get("PYTHONPATH", ""), path)
-    sys.path[:] = [*path, spec["root"]]  # as the launcher's program appends it
-    try:  # as `site` does at a fresh start: the first sitecustomize on the new path
-        import sitecustomize  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError as exc:
-        if exc.name != "sitecustomize":
-            raise
-    serve(path, spec["address"], attached=spec["attached"], preload=tuple(spec["preload"]))
-    raise SystemExit(0)
-
-
 def serve(
     path: list[str], address: str, *, attached: bool = False, preload: tuple[str, ...] = ()
 ) -> None:
@@ -355,5 +310,5 @@ def serve(
     listener.bind(address)
     listener.listen(64)
     print(f"ready {os.getpid()}", flush=True)
-    bare = not attached and not preload
+    bare = not attached and not preload and not os.environ.get("PYTHONPATH")
     _Server(path, listener, one_process=bool(preload), bare=bare).run(control)

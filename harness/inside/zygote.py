@@ -190,30 +190,37 @@ def _child(request: dict[str, Any], path: list[str]) -> None:
 
 def become(request: dict[str, Any], path: list[str]) -> None:
     """In a forked child whose standard streams are set: become what ``python ARGV``
-    (``request["argv"]``: the interpreter, then a script or ``-m MODULE`` and its
-    arguments) would be with ``request["env"]`` in ``request["cwd"]``, and end as its
-    interpreter would (never returns)."""
+    (``request["argv"]``: the interpreter, then a script, ``-m MODULE`` or ``-c CODE``
+    and its arguments) would be with ``request["env"]`` in ``request["cwd"]``, and end as
+    its interpreter would (never returns). ``path``: ``sys.path`` as this interpreter's
+    start made it; rebuilt (`fresh_path`) when the request's PYTHONPATH is not its own,
+    and the ``sitecustomize`` that start would have run imported then, not armed again."""
+    pythonpath = request["env"].get("PYTHONPATH", "")
+    rebuilt = pythonpath != os.environ.get("PYTHONPATH", "")
     os.environ.clear()
     os.environ.update(request["env"])
     os.environ.update(_set_on_import)
     if request.get("cwd"):
         os.chdir(request["cwd"])
     argv: list[str] = request["argv"][1:]
-    sys.path[:] = path
+    sys.path[:] = fresh_path(pythonpath, path) if rebuilt else path
     _reseed()
     module = argv[1] if argv[0] == "-m" else None
-    script = None if module else argv[0]
-    sys.argv = ["-m", *argv[2:]] if module else list(argv)
-    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+    code = argv[1] if argv[0] == "-c" else None
+    script = None if module or code is not None else argv[0]
+    sys.argv = [argv[0], *argv[2:]] if module or code is not None else list(argv)
+    if code is not None:
+        sys.path[0] = ""
+    else:
+        sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
     try:
-        _arm()
+        _site_customize() if rebuilt else _arm()
         if module:
             import runpy
 
             runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
         else:
-            assert script is not None
-            _run_script(script)
+            _run_script(script, code)
     except SystemExit:
         raise
     except BaseException as exc:  # an interpreter prints the traceback and exits 1
@@ -227,6 +234,26 @@ def become(request: dict[str, Any], path: list[str]) -> None:
         sys.excepthook(type(exc), exc, tb)
         raise SystemExit(1) from None
     raise SystemExit(0)
+
+
+def fresh_path(pythonpath: str, path: list[str]) -> list[str]:
+    """``sys.path`` as a fresh interpreter run with ``pythonpath`` in the working folder
+    would make it, from ``path``, that of one run without PYTHONPATH: each folder made
+    absolute (an empty one is the working folder), after the script's entry and before the
+    rest, each once."""
+    added = list(dict.fromkeys(os.path.abspath(p) for p in pythonpath.split(os.pathsep)))
+    added = added if pythonpath else []
+    return [path[0], *added, *(p for p in path[1:] if p not in added)]
+
+
+def _site_customize() -> None:
+    """As ``site`` does at a start: import the first ``sitecustomize`` on the path (the
+    agent's bootstrap arms itself when imported)."""
+    try:
+        import sitecustomize  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            raise
 
 
 def _reseed() -> None:
@@ -243,23 +270,23 @@ def _arm() -> None:
         arm()
 
 
-def _run_script(script: str) -> None:
+def _run_script(script: str | None, code: str | None = None) -> None:
+    """Run ``script`` as ``__main__``, or ``code`` as ``python -c`` runs it."""
     import builtins
     import io
-    from importlib.machinery import SourceFileLoader
+    from importlib.machinery import BuiltinImporter, SourceFileLoader
 
     main = sys.modules["__main__"]
     main.__dict__.clear()
-    main.__dict__.update(
-        __name__="__main__",
-        __doc__=None,
-        __package__=None,
-        __spec__=None,
-        __file__=script,
-        __cached__=None,
-        __builtins__=builtins,
-        __loader__=SourceFileLoader("__main__", script),
-    )
+    main.__dict__.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None)
+    main.__dict__.update(__builtins__=builtins)
+    if script is None:
+        assert code is not None
+        main.__dict__.update(__loader__=BuiltinImporter)
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+        return
+    main.__dict__.update(__file__=script, __cached__=None)
+    main.__dict__.update(__loader__=SourceFileLoader("__main__", script))
     with io.open_code(script) as f:
-        code = compile(f.read(), script, "exec")
-    exec(code, main.__dict__)
+        compiled = compile(f.read(), script, "exec")
+    exec(compiled, main.__dict__)

@@ -40,7 +40,6 @@ import atexit
 import contextlib
 import importlib.util
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -56,7 +55,7 @@ from typing import NamedTuple
 from harness.inside.crash_hook import installed
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
 from harness.inside.warm_client import SOCKET_ENV, SOCKET_OPTION
-from harness.inside.warm_server import SERVE_ENV, static
+from harness.inside.warm_server import static
 from harness.running.process_tree import MARK, descendants, end_by_stdin
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -96,10 +95,8 @@ class _Server:
         serve = _SERVE.format(
             root=str(_ROOT), address=self.address, attached=attached, preload=preload
         )
-        argv, server_env = [sys.executable, "-c", serve], {**static(env), MARK: uuid.uuid4().hex}
+        argv = [sys.executable, "-c", serve]
         if base is not None:
-            spec = {"address": self.address, "attached": attached, "preload": list(preload)}
-            server_env[SERVE_ENV] = json.dumps({**spec, "root": str(_ROOT)})
             argv = _client(argv, base.address)  # refused: the client starts it afresh
         with open(os.path.join(self.folder, "server.log"), "ab") as log:
             self.proc = subprocess.Popen(
@@ -107,7 +104,7 @@ class _Server:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=server_env,
+                env={**static(env), MARK: uuid.uuid4().hex},
                 start_new_session=True,
             )
         assert self.proc.stdout is not None
@@ -190,15 +187,20 @@ def server_pids() -> set[int]:
 
 def forked() -> list[int]:
     """The pid of every program this process's servers forked (from their logs; the servers
-    forked from another, ``-c`` programs, are not counted)."""
+    forked from the bare one are not counted)."""
     pids = []
     with _lock:
         folders = [server.folder for server in _servers.values()]
     for folder in folders:
         with contextlib.suppress(OSError), open(os.path.join(folder, "server.log")) as log:
             lines = [line.split(" ", 2) for line in log if line.startswith("forked ")]
-            pids += [int(pid.rstrip(":")) for _, pid, rest in lines if not rest.startswith("-c ")]
+            pids += [int(pid.rstrip(":")) for _, pid, rest in lines if not _is_server(rest)]
     return pids
+
+
+def _is_server(command: str) -> bool:
+    """``command`` (a forked program's, as its server logs it) is this module's server."""
+    return command.startswith("-c ") and "from harness.inside.warm_server import serve" in command
 
 
 def _client(argv: Sequence[str], server: str = "") -> list[str]:
@@ -355,6 +357,17 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
                 env[EXEC_AGENT_SOCKET_ENV] = plain.address
     env[SOCKET_ENV] = server.address
     return rewritten
+
+
+def from_bare_server(argv: Sequence[str], env: dict[str, str]) -> list[str]:
+    """``argv`` (``python -c`` or another program of this interpreter, to run with ``env``)
+    forked from the bare server of ``env`` less its PYTHONPATH once `enable` was called
+    (its client, which starts it afresh if refused), else ``argv`` itself: the crash
+    points' zygote, which imports torch as the server did."""
+    if not _enabled or argv[:1] != [sys.executable]:
+        return list(argv)
+    server = _server_for({k: v for k, v in env.items() if k != "PYTHONPATH"})
+    return _client(argv, server.address) if server is not None else list(argv)
 
 
 def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
