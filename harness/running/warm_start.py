@@ -27,7 +27,8 @@ At most `MAX_SERVERS` servers; the least recently used idle one makes way for an
 server whose environment differs from the bare one's (no PYTHONPATH) in PYTHONPATH only, or
 that preloads, is forked from the bare one (`harness.inside.warm_server`: ``sys.path``
 rebuilt as a fresh start with that PYTHONPATH builds it), so torch is imported once a
-worker rather than once a server; refused, its client starts it afresh.
+worker rather than once a server; refused, its client starts it afresh. So is the crash
+points' zygote (`from_bare_server`).
 
 Not on by default: a user's launch starts every process afresh. tests/test_warm_start.py
 shows a warm run leaves what a fresh one leaves.
