@@ -27,6 +27,15 @@ scenarios:
 """
 
 
+SWEEP = f"""\
+sweep: grid
+scenario:
+  trainer: {{command: "{PLAIN}", steps: 4, checkpoint_every: 4, timeout: 120}}
+  expect: {{completed: true}}
+grid: {{steps: [4]}}
+"""
+
+
 @pytest.fixture
 def suite_dir(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makefile(".yaml", plain=SUITE)
@@ -34,12 +43,21 @@ def suite_dir(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def test_each_scenario_is_an_item_and_other_yaml_is_left_alone(suite_dir: pytest.Pytester) -> None:
+def test_each_scenario_is_an_item_and_other_yaml_is_left_alone(
+    suite_dir: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    suite_dir.makefile(".yaml", grid=SWEEP)
     result = suite_dir.runpytest_subprocess("--collect-only", "-q")
     result.stdout.fnmatch_lines(
-        ["plain.yaml::clean", "plain.yaml::poisoned", "*2 tests collected*"]
+        ["grid.yaml::*", "plain.yaml::clean", "plain.yaml::poisoned", "*3 tests collected*"]
     )
     assert "other.yaml" not in result.stdout.str()
+    # Nothing ran: no scorecard folder was made (test_the_fixture_runs_a_scenario_written_in_
+    # python is its negative control).
+    assert list(temp.iterdir()) == []
 
 
 @pytest.mark.slow
@@ -95,7 +113,13 @@ def test_an_invalid_suite_is_a_collection_error_naming_the_line(pytester: pytest
 
 
 @pytest.mark.slow
-def test_the_fixture_runs_a_scenario_written_in_python(pytester: pytest.Pytester) -> None:
+def test_the_fixture_runs_a_scenario_written_in_python(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """... and writes the session's scorecard in a folder of its own when none is given."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     pytester.makepyfile(
         f"""
         def test_nan(tightrope_run):
@@ -113,3 +137,5 @@ def test_the_fixture_runs_a_scenario_written_in_python(pytester: pytest.Pytester
         """
     )
     pytester.runpytest_subprocess().assert_outcomes(passed=1)
+    (folder,) = temp.glob("tightrope-*")
+    assert (folder / "scorecard.json").exists()

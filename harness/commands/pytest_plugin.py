@@ -15,6 +15,7 @@ other test suites untouched.
 
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from harness.commands.pytest_sweeps import SWEEP_MARK, SweepFile
 
 if TYPE_CHECKING:
     from harness.running.results import ScenarioResult, SuiteResult
-    from harness.running.runner import Runner
+    from harness.running.runner import Runner, RunOptions
     from harness.suites.scenario import Scenario
 
 _SUITE_MARK = re.compile(rb"^scenarios\s*:", re.MULTILINE)
@@ -87,25 +88,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 class _Session:
-    """The plugin's per-session state: one runner, the results gathered for the scorecard."""
+    """The plugin's per-session state: one runner, the results gathered for the scorecard.
+    The runner and its folder are made at the first scenario run: a session that runs
+    none (``--collect-only``, a suite that does not load) leaves no folder behind."""
 
     def __init__(self, config: pytest.Config) -> None:
-        from harness.commands.suite import run_crashpoints
-        from harness.running.runner import Runner, RunOptions
+        self.config = config
+        self.results: list[ScenarioResult] = []
+        self.suites: list[str] = []
+        self.summary: list[str] = []
 
+    @functools.cached_property
+    def options(self) -> RunOptions:
+        from harness.commands.suite import run_crashpoints
+        from harness.running.runner import RunOptions
+
+        config = self.config
         scorecard = config.getoption("tightrope_scorecard")
-        self.out_dir: Path = scorecard or Path(tempfile.mkdtemp(prefix="tightrope-"))
-        self.options = RunOptions(
-            out_dir=self.out_dir,
+        return RunOptions(
+            out_dir=scorecard or Path(tempfile.mkdtemp(prefix="tightrope-")),
             preset=config.getoption("tightrope_preset"),
             trainer_command=config.getoption("tightrope_trainer"),
             min_score=config.getoption("tightrope_min_score"),
             crashpoints=run_crashpoints,
         )
-        self.runner: Runner = Runner(self.options)
-        self.results: list[ScenarioResult] = []
-        self.suites: list[str] = []
-        self.summary: list[str] = []
+
+    @functools.cached_property
+    def runner(self) -> Runner:
+        from harness.running.runner import Runner
+
+        return Runner(self.options)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.options.out_dir
 
     def run(self, scenario: Scenario) -> ScenarioResult:
         from harness.running.launch import check_command

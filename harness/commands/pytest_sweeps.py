@@ -11,6 +11,7 @@ hold every cell run so far.
 
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
 from pathlib import Path
@@ -34,12 +35,17 @@ class SweepFile(pytest.File):
         from harness.sweeps.sweep_file import load_sweep
 
         sweep = load_sweep(self.path)  # a SweepError is shown as a collection error
-        scorecard = self.config.getoption("tightrope_scorecard")
-        root = scorecard or Path(tempfile.mkdtemp(prefix="tightrope-sweep-"))
-        self.out_dir: Path = root / f"sweep-{sweep.name}"
+        self.sweep_name = sweep.name
         self.records: list[RunRecord] = []
         for cell in sweep.cells():
             yield SweepCellItem.from_parent(self, name=cell.slug, sweep=sweep, cell=cell)
+
+    @functools.cached_property
+    def out_dir(self) -> Path:
+        """Made at the first cell run: a session that runs none leaves no folder behind."""
+        scorecard = self.config.getoption("tightrope_scorecard")
+        root = scorecard or Path(tempfile.mkdtemp(prefix="tightrope-sweep-"))
+        return Path(root) / f"sweep-{self.sweep_name}"
 
 
 class CellFailed(Exception):
