@@ -45,7 +45,7 @@ import socket
 import sys
 from typing import Any
 
-from harness.inside.zygote import AGENT, become, reaped, warm_up
+from harness.inside.zygote import AGENT, become, pythonpath_folders, reaped, warm_up
 
 #: Variables that may differ between the server and a request: none of them is read when
 #: torch is imported. torchrun's per-worker ones (its compile caches too), tightrope's per-run
@@ -136,8 +136,7 @@ def _shadowed(folders: list[str]) -> str | None:
 def _pythonpath_refusal(request: dict[str, Any]) -> str | None:
     """Why the bare server cannot fork ``request``, whose PYTHONPATH is its own, or None."""
     pythonpath, cwd = str(request["env"].get("PYTHONPATH", "")), str(request.get("cwd") or "")
-    folders = [os.path.abspath(os.path.join(cwd, p)) for p in pythonpath.split(os.pathsep)]
-    clash = _shadowed(folders if pythonpath else [])
+    clash = _shadowed(pythonpath_folders(pythonpath, cwd or os.getcwd()))
     return f"a PYTHONPATH that holds {clash}, imported here from elsewhere" if clash else None
 
 

@@ -236,13 +236,20 @@ def become(request: dict[str, Any], path: list[str]) -> None:
     raise SystemExit(0)
 
 
+def pythonpath_folders(pythonpath: str, cwd: str) -> list[str]:
+    """The folders a fresh interpreter started in ``cwd`` puts on its path for
+    ``pythonpath``: each made absolute (an empty one is ``cwd``), each once."""
+    if not pythonpath:
+        return []
+    folders = (os.path.abspath(os.path.join(cwd, p)) for p in pythonpath.split(os.pathsep))
+    return list(dict.fromkeys(folders))
+
+
 def fresh_path(pythonpath: str, path: list[str]) -> list[str]:
     """``sys.path`` as a fresh interpreter run with ``pythonpath`` in the working folder
-    would make it, from ``path``, that of one run without PYTHONPATH: each folder made
-    absolute (an empty one is the working folder), after the script's entry and before the
-    rest, each once."""
-    added = list(dict.fromkeys(os.path.abspath(p) for p in pythonpath.split(os.pathsep)))
-    added = added if pythonpath else []
+    would make it, from ``path``, that of one run without PYTHONPATH: its folders
+    (`pythonpath_folders`) after the script's entry and before the rest."""
+    added = pythonpath_folders(pythonpath, os.getcwd())
     return [path[0], *added, *(p for p in path[1:] if p not in added)]
 
 
