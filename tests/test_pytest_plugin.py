@@ -37,6 +37,15 @@ grid: {{steps: [4]}}
 
 
 @pytest.fixture
+def temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder for the temporary files of the sessions the test starts (TMPDIR)."""
+    folder = tmp_path / "temp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
+@pytest.fixture
 def suite_dir(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makefile(".yaml", plain=SUITE)
     pytester.makefile(".yaml", other="just: a config file\n")
@@ -44,11 +53,8 @@ def suite_dir(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_each_scenario_is_an_item_and_other_yaml_is_left_alone(
-    suite_dir: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    suite_dir: pytest.Pytester, temp: Path
 ) -> None:
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(temp))
     suite_dir.makefile(".yaml", grid=SWEEP)
     result = suite_dir.runpytest_subprocess("--collect-only", "-q")
     result.stdout.fnmatch_lines(
@@ -114,12 +120,9 @@ def test_an_invalid_suite_is_a_collection_error_naming_the_line(pytester: pytest
 
 @pytest.mark.slow
 def test_the_fixture_runs_a_scenario_written_in_python(
-    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, temp: Path
 ) -> None:
     """... and writes the session's scorecard in a folder of its own when none is given."""
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(temp))
     pytester.makepyfile(
         f"""
         def test_nan(tightrope_run):
