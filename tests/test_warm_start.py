@@ -370,7 +370,7 @@ def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
         assert _observed(tmp_path / "other") != fresh
 
 
-def test_a_server_preloads_only_what_a_one_process_script_installs(tmp_path: Path) -> None:
+def test_a_server_preloads_only_what_a_script_installs(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(
         "from __future__ import annotations\nimport json, torch\nimport yaml\n"
@@ -381,8 +381,9 @@ def test_a_server_preloads_only_what_a_one_process_script_installs(tmp_path: Pat
     # Installed (yaml, pydantic's name); not the standard library's, torch (every server
     # imports it), the program's own, nor an import inside a function.
     assert warm_start.preload_of(one) == ("yaml", "pydantic:BaseModel")
-    assert warm_start.preload_of([*TORCHRUN, "--nproc-per-node", "1", str(script)])
-    assert warm_start.preload_of([*TORCHRUN, "--nproc-per-node", "2", str(script)]) == ()
+    for processes in ("1", "2"):  # (a job of several: see the test below)
+        torchrun = [*TORCHRUN, "--nproc-per-node", processes, str(script)]
+        assert warm_start.preload_of(torchrun) == ("yaml", "pydantic:BaseModel")
     assert warm_start.preload_of([sys.executable, "-X", "dev", str(script)]) == ()
 
 
@@ -402,37 +403,79 @@ def test_which_torchrun_jobs_are_forked() -> None:
     assert warm_start.warm_exec(one, {}) == one  # no server given: as it is
 
 
-def test_torchrun_itself_is_forked_but_never_from_a_server_that_preloaded_a_framework(
-    tmp_path: Path,
-) -> None:
+def test_torchrun_itself_is_forked_but_never_from_a_server_that_preloaded_a_framework() -> None:
     """The agent (torchrun's own process) is forked with its workers, but not from a server
-    that preloaded an installed module (one process of a script importing Lightning, under
-    exec): Lightning's import sets a variable the agent would hand on to its worker. The
-    agent is then forked from the server given for it, else started afresh."""
-    plain, framework = tmp_path / "plain.py", tmp_path / "framework.py"
-    plain.write_text("import torch\n")
-    framework.write_text("import lightning\n")
+    that preloaded an installed module (a script importing Lightning, under exec):
+    Lightning's import sets a variable the agent would hand on to its worker. Given a
+    server of its own, the agent is forked from that one, its workers from the other."""
     client = warm_start._client([])
     module = [*TORCHRUN, "--nproc-per-node", "2", "-m", "reference_trainer", "--steps", "3"]
     assert warm_start.rewrite(module)[: len(client)] == client  # outside exec
     preloaded, bare = "/preloaded/socket", "/bare/socket"
-    for script, processes, given, agent in [
-        (plain, 1, False, True),
-        (plain, 2, False, True),
-        (framework, 1, False, False),
-        (framework, 1, True, True),
-    ]:
-        command = [*TORCHRUN, "--nproc-per-node", str(processes), str(script)]
+    for processes, given in [(1, False), (2, False), (1, True), (2, True)]:
+        command = [*TORCHRUN, "--nproc-per-node", str(processes), "train.py"]
         env = {warm_start.EXEC_SOCKET_ENV: preloaded}
         env |= {warm_start.EXEC_AGENT_SOCKET_ENV: bare} if given else {}
         argv = warm_start.warm_exec(command, env)
-        assert (argv[: len(client)] == client) is agent, argv
-        assert argv.count(client[-1]) == 1 + agent  # the workers are forked either way
+        assert argv[: len(client)] == client and argv.count(client[-1]) == 2, argv
         # Each process asks the server it was meant for: the one given torchrun, if any;
-        # the one that preloaded the script's imports, its worker.
+        # the one that preloaded the script's imports, its workers.
         assert env[SOCKET_ENV] == (bare if given else preloaded)
-        assert (f"--socket={preloaded}" in argv) is (script is framework)
+        assert (f"--socket={preloaded}" in argv) is given
         assert warm_start.EXEC_AGENT_SOCKET_ENV not in env
+
+
+@pytest.mark.parametrize(
+    ("source", "one_process"),
+    [
+        ("os.environ.get('RANK')", True),
+        ("'LOCAL_RANK' in os.environ", True),
+        ("dict(os.environ)", True),  # every variable, a rank's among them
+        ("os.getenv('HOME'), os.environ.get('RANKS')", False),
+    ],
+    ids=["get", "in", "all", "none"],
+)
+def test_a_preload_that_reads_a_rank_serves_one_process_of_a_job_only(
+    source: str, one_process: bool, tmp_path: Path, own_servers: None
+) -> None:
+    """A server whose preload read a rank's variable when imported forks one process of a
+    job, not a process of a job of several (it runs afresh, and right); one whose preload
+    read none forks both. Its ready line says which (`one_process`)."""
+    (tmp_path / "framework.py").write_text(f"import os\n{source}\n")
+    env = {**ENV, "PYTHONPATH": str(tmp_path)}
+    server = warm_start._server_for(env, ("framework",))
+    assert server is not None and server.base is not None  # forked from the bare one
+    assert server.one_process is one_process
+    program = [sys.executable, "-c", "import framework, os; print(os.environ['RANK'])"]
+    for ranks in ({"WORLD_SIZE": "1", "RANK": "0"}, {"WORLD_SIZE": "2", "RANK": "1"}):
+        argv = warm_start._client(program, server.address)
+        done = subprocess.run(argv, env=env | ranks, capture_output=True, text=True, check=True)
+        assert done.stdout == ranks["RANK"] + "\n"
+    log = (Path(server.folder) / "server.log").read_text()
+    assert log.count("forked ") == 2 - one_process, log
+    assert ("refused: one of several processes" in log) is one_process
+
+
+def test_a_job_of_several_has_its_workers_forked_from_a_preload_that_reads_no_rank(
+    tmp_path: Path, warm: None
+) -> None:
+    """Under exec, torchrun running a script that imports installed modules: its workers
+    are forked from the server that preloaded them (torchrun itself from the one that
+    preloaded nothing) for one process, and for several when the imports read no rank's
+    variable (yaml); Lightning's read ``RANK``, so a job of several of it has its workers
+    forked from the server that preloaded nothing, like torchrun."""
+    (tmp_path / "plain.py").write_text("import yaml\n")
+    (tmp_path / "framework.py").write_text("import lightning\n")
+    for script, processes, preloaded in [
+        ("plain.py", 2, True),
+        ("framework.py", 1, True),
+        ("framework.py", 2, False),
+    ]:
+        env = dict(ENV)
+        job = [*TORCHRUN, "--nproc-per-node", str(processes), str(tmp_path / script)]
+        warm_start.warm(_exec(job, tmp_path / "run"), env)
+        assert warm_start.EXEC_SOCKET_ENV in env
+        assert (warm_start.EXEC_AGENT_SOCKET_ENV in env) is preloaded, (script, processes)
 
 
 def test_a_launch_of_another_environment_replaces_an_idle_server(

@@ -45,12 +45,19 @@ import socket
 import sys
 from typing import Any
 
-from harness.inside.zygote import AGENT, become, pythonpath_folders, reaped, warm_up
+from harness.inside.zygote import (
+    AGENT,
+    become,
+    pythonpath_folders,
+    read_on_import,
+    reaped,
+    warm_up,
+)
 
-#: Variables that may differ between the server and a request: none of them is read when
-#: torch is imported. torchrun's per-worker ones (its compile caches too), tightrope's per-run
-#: ones, pytest's.
-VARYING_NAMES = frozenset(
+#: What torchrun sets for each of its workers: a rank's and its job's variables, its
+#: elastic agent's (`PER_RANK_PREFIX`). A server whose preload read one of them when
+#: imported (Lightning reads ``RANK``) serves one process of a job only (`_refusal`).
+PER_RANK_NAMES = frozenset(
     {
         "RANK",
         "LOCAL_RANK",
@@ -64,15 +71,30 @@ VARYING_NAMES = frozenset(
         "MASTER_ADDR",
         "MASTER_PORT",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-        "TORCHINDUCTOR_CACHE_DIR",  # read when inductor compiles, not when imported
-        "TRITON_CACHE_DIR",
-        "PYTEST_CURRENT_TEST",
     }
 )
-VARYING_PREFIXES = ("TORCHELASTIC_", "TIGHTROPE_")
+PER_RANK_PREFIX = "TORCHELASTIC_"
+
+#: Variables that may differ between the server and a request: none of them is read when
+#: torch is imported. torchrun's per-worker ones (its compile caches too), tightrope's per-run
+#: ones, pytest's.
+VARYING_NAMES = PER_RANK_NAMES | {
+    "TORCHINDUCTOR_CACHE_DIR",  # read when inductor compiles, not when imported
+    "TRITON_CACHE_DIR",
+    "PYTEST_CURRENT_TEST",
+}
+VARYING_PREFIXES = (PER_RANK_PREFIX, "TIGHTROPE_")
+
+#: The word a server's ready line ends with when it serves one process of a job only.
+ONE_PROCESS = "one-process"
 
 #: The most bytes a request may hold (its command line and environment).
 MAX_REQUEST = 1 << 20
+
+
+def reads_a_rank(names: frozenset[str]) -> bool:
+    """``names`` (what a preload read when imported, ``*`` for all) hold a rank's variable."""
+    return "*" in names or any(n in PER_RANK_NAMES or n.startswith(PER_RANK_PREFIX) for n in names)
 
 
 def varying(name: str) -> bool:
@@ -149,8 +171,8 @@ def _refusal(
     bare: bool = False,
 ) -> str | None:
     """Why ``request`` cannot be forked from here, or None. ``one_process``: the server
-    preloaded installed modules, which may read a rank's variables when imported (Lightning
-    reads ``RANK`` and ``LOCAL_RANK``), so it serves no process of a job of several.
+    preloaded installed modules that read a rank's variables when imported (Lightning reads
+    ``RANK`` and ``LOCAL_RANK``), so it serves no process of a job of several.
     ``bare``: it preloads and attaches nothing and has no PYTHONPATH, so it may serve
     another PYTHONPATH too."""
     argv = request.get("argv")
@@ -167,7 +189,7 @@ def _refusal(
         return "-c without a program"
     wanted = request.get("env")
     if one_process and isinstance(wanted, dict) and wanted.get("WORLD_SIZE", "1") != "1":
-        return "one of several processes, and modules preloaded that may read its rank"
+        return "one of several processes, and modules preloaded that read a rank's variables"
     theirs = static(wanted) if isinstance(wanted, dict) else {}
     if bare and "PYTHONPATH" in theirs:
         theirs.pop("PYTHONPATH")
@@ -299,7 +321,8 @@ def serve(
     save and load functions are wrapped, and the agent's module imported, as in
     `harness.inside.zygote.serve`, and each child attaches the agent as a fresh start would.
     ``preload``: installed modules the program imports (`harness.inside.zygote._import`);
-    with any, only a one-process program is served (see `_refusal`)."""
+    when they read a rank's variables, only one process of a job is served (`_refusal`),
+    and the ready line says so (`ONE_PROCESS`)."""
     control = os.dup(0)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -308,6 +331,7 @@ def serve(
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
-    print(f"ready {os.getpid()}", flush=True)
+    one_process = reads_a_rank(read_on_import())
+    print(f"ready {os.getpid()}" + (f" {ONE_PROCESS}" if one_process else ""), flush=True)
     bare = not attached and not preload and not os.environ.get("PYTHONPATH")
-    _Server(path, listener, one_process=bool(preload), bare=bare).run(control)
+    _Server(path, listener, one_process=one_process, bare=bare).run(control)

@@ -84,6 +84,39 @@ def _wrap_savers(*, attached: bool) -> None:
 #: run's environment, as the imports would have in a fresh start (`become`).
 _set_on_import: dict[str, str] = {}
 
+#: The environment variables the preload's imports asked for, through ``os.environ`` or
+#: ``os.getenv`` (``*``: one went through all of them), whether set or not; what C code
+#: reads with getenv() is not seen. `harness.inside.warm_server` serves a job of several
+#: processes from a preload that read none of a rank's variables.
+_read_on_import: set[str] = set()
+
+
+class _Noting(os._Environ[str]):
+    """``os.environ``'s class while the preload is imported: notes what is read."""
+
+    def __getitem__(self, key: str) -> str:  # get(), getenv() and ``in`` come here too
+        _read_on_import.add(key)
+        return super().__getitem__(key)
+
+    def __iter__(self) -> Iterator[str]:  # keys(), items(), copy(), dict(os.environ)
+        _read_on_import.add("*")
+        return super().__iter__()
+
+
+@contextlib.contextmanager
+def _noting_reads() -> Iterator[None]:
+    usual = type(os.environ)
+    os.environ.__class__ = _Noting
+    try:
+        yield
+    finally:
+        os.environ.__class__ = usual
+
+
+def read_on_import() -> frozenset[str]:
+    """What the preload's imports read of the environment (`_read_on_import`)."""
+    return frozenset(_read_on_import)
+
 
 def warm_up(preload: tuple[str, ...], *, wrap: bool, attached: bool) -> None:
     """Before the first fork: import torch (`PRELOAD`); with ``wrap``, wrap the save and
@@ -94,7 +127,8 @@ def warm_up(preload: tuple[str, ...], *, wrap: bool, attached: bool) -> None:
     _import(PRELOAD)
     if wrap:
         _wrap_savers(attached=attached)
-    _import(preload)
+    with _noting_reads():
+        _import(preload)
     _set_on_import.update({k: v for k, v in os.environ.items() if before.get(k) != v})
     os.environ.clear()
     os.environ.update(before)  # the environment requests are compared with

@@ -17,12 +17,14 @@ interpreter starts afresh as before, and so does a request the server refuses.
 ``python SCRIPT.py``, ``python -m MODULE``, or torchrun running a script, or a module as
 one worker) is forked from a server of the environment exec gives it (the agent's
 bootstrap first on PYTHONPATH), which wraps the save and load functions before forking as
-`harness.inside.zygote` does, and has imported the installed modules a one-process
-script imports (`preload_of`: Lightning, transformers); each child attaches the agent as
-a fresh start would (`warm_exec`). torchrun running such a script is forked from the
-attached server that preloaded nothing (`EXEC_AGENT_SOCKET_ENV`: a preload's import may set
-variables, as Lightning's does, that torchrun would hand on to its worker), its worker
-from the one that did.
+`harness.inside.zygote` does, and has imported the installed modules the script imports
+(`preload_of`: Lightning, transformers); each child attaches the agent as a fresh start
+would (`warm_exec`). torchrun running such a script is forked from the attached server
+that preloaded nothing (`EXEC_AGENT_SOCKET_ENV`: a preload's import may set variables, as
+Lightning's does, that torchrun would hand on to its workers), its workers from the one
+that did, unless the job has several processes and the preload read a rank's variables
+when imported (Lightning reads ``RANK``; the server's ready line says so): then from the
+one that preloaded nothing too.
 At most `MAX_SERVERS` servers; the least recently used idle one makes way for another. A
 server whose environment differs from the bare one's (no PYTHONPATH) in PYTHONPATH only, or
 that preloads, is forked from the bare one (`harness.inside.warm_server`: ``sys.path``
@@ -56,7 +58,7 @@ from typing import NamedTuple
 from harness.inside.crash_hook import installed
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
 from harness.inside.warm_client import SOCKET_ENV, SOCKET_OPTION
-from harness.inside.warm_server import static
+from harness.inside.warm_server import ONE_PROCESS, static
 from harness.running.process_tree import MARK, descendants, end_by_stdin
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +112,9 @@ class _Server:
             )
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline().split()
-        self.ready = len(ready) == 2 and ready[0] == b"ready" and ready[1].isdigit()
+        self.ready = len(ready) in (2, 3) and ready[0] == b"ready" and ready[1].isdigit()
+        #: It serves one process of a job only: its preload read a rank's variables.
+        self.one_process = ready[2:] == [ONE_PROCESS.encode()]
         #: The server's own pid (not its client's, when forked).
         self.pid = int(ready[1]) if self.ready else self.proc.pid
         self.used = time.monotonic()
@@ -241,15 +245,11 @@ def _torchrun(argv: Sequence[str]) -> _Torchrun | None:
     return _Torchrun(options, worker, processes)
 
 
-def _warm_torchrun(
-    argv: Sequence[str], job: _Torchrun, *, agent: bool = True, workers_at: str = ""
-) -> list[str]:
-    """torchrun ``argv`` running the warm client as each of its workers (forked from server
-    ``workers_at``, else the one in the environment); ``agent``: torchrun forked too (from a
-    server that preloaded nothing: a preload's import may set variables, as Lightning's
-    does, that torchrun would hand on to its workers)."""
+def _warm_torchrun(argv: Sequence[str], job: _Torchrun, workers_at: str = "") -> list[str]:
+    """torchrun ``argv``, forked from the server in the environment, running the warm client
+    as each of its workers (forked from server ``workers_at``, else that one too)."""
     warm_job = [*argv[:3], *job.options, "--no-python", *_client(job.worker, workers_at)]
-    return _client(warm_job) if agent else warm_job
+    return _client(warm_job)
 
 
 def _forked(job: _Torchrun, *, under_exec: bool) -> bool:
@@ -284,12 +284,10 @@ def rewrite(argv: Sequence[str]) -> list[str] | None:
 def preload_of(command: Sequence[str]) -> tuple[str, ...]:
     """What a server may import for ``command`` beyond torch (which every server imports):
     the installed modules (and the names taken from them) its script imports at its top
-    level, when the command is one process (``python SCRIPT.py``, or torchrun running one);
-    else nothing. Never the program's own modules."""
+    level (``python SCRIPT.py``, or torchrun running one); else nothing. Never the
+    program's own modules."""
     job = _torchrun(command)
     if job is not None:
-        if job.processes != 1:
-            return ()
         command = job.worker
     script = next((w for w in command[1:] if not w.startswith("-")), "")
     if len(command) < 2 or command[0] != sys.executable or not script.endswith(".py"):
@@ -337,7 +335,10 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     server, of the environment it gives its command (the agent's bootstrap first on
     PYTHONPATH), in `EXEC_SOCKET_ENV`: `warm_exec` starts the command from there (and,
     when that server preloads what torchrun's worker imports, torchrun itself from the
-    attached one that preloads nothing, in `EXEC_AGENT_SOCKET_ENV`)."""
+    attached one that preloads nothing, in `EXEC_AGENT_SOCKET_ENV`: a preload's import may
+    set variables, as Lightning's does, that torchrun would hand on to its workers). A job
+    of several processes has its workers forked from the server that preloaded nothing
+    when the preload read a rank's variables (Lightning reads ``RANK``)."""
     if not _enabled or _attached(env):
         return list(argv)
     rewritten = rewrite(argv)
@@ -350,11 +351,14 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
         command = argv[argv.index("--") + 1 :] if "--" in argv else []
         attached_env, preload = child_env(env, Path(os.getcwd()), None), preload_of(command)
         attached = _server_for(attached_env, preload)
+        job = _torchrun(command)
+        plain = _server_for(attached_env) if preload and job is not None else None
+        if attached is not None and job is not None and preload:
+            several = job.processes != 1 and attached.one_process
+            attached = plain if several or plain is None else attached
         if attached is not None:
             env[EXEC_SOCKET_ENV] = attached.address
-            torchrun = command[1:3] == ["-m", _TORCHRUN]
-            plain = _server_for(attached_env) if preload and torchrun else None
-            if plain is not None:
+            if plain is not None and plain is not attached:
                 env[EXEC_AGENT_SOCKET_ENV] = plain.address
     env[SOCKET_ENV] = server.address
     return rewritten
@@ -381,14 +385,10 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
         job = _torchrun(argv)
         if job is not None and _forked(job, under_exec=True):
-            # The server exec was given preloads what `preload_of` finds: only for a job of
-            # one process, read from its worker's script (torchrun's arguments parsed once);
-            # then torchrun is forked from the server given for it, if any.
-            if job.processes == 1 and preload_of(job.worker):
-                rewritten = _warm_torchrun(argv, job, agent=bool(agent_address), workers_at=address)
-                address = agent_address or address
-            else:
-                rewritten = _warm_torchrun(argv, job)
+            # Its workers from the server given for them; torchrun from the one given for
+            # it when that is another (the workers' preloaded their imports).
+            rewritten = _warm_torchrun(argv, job, workers_at=address if agent_address else "")
+            address = agent_address or address
     elif address:
         rewritten = rewrite(argv)
     if rewritten is None:
