@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import io
 import os
@@ -66,6 +67,21 @@ def torchrun(
         *args,
         timeout=timeout,
     )
+
+
+def end_gloo_group() -> None:
+    """Destroy this process's (one-rank, gloo) process group as the test trainers end
+    theirs (docs/frameworks.md): torch 2.13's ``~ProcessGroupGloo`` joins gloo's threads
+    while holding the GIL, which a thread still freeing a finished collective needs, so a
+    barrier and a moment without the GIL let them finish first. A test worker hung there
+    once, as a DDP model, the group's last holder, was freed after the group was
+    destroyed."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    time.sleep(0.1)
+    dist.destroy_process_group()
+    gc.collect()
 
 
 @pytest.fixture

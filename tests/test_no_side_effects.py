@@ -34,6 +34,7 @@ from harness.inside.attach import AttachedAgent
 from harness.inside.hooks import OutputHook
 from harness.records.microscope_file import read_microscope
 
+from .conftest import end_gloo_group
 from .side_effects_support import (
     CHECKS,
     STEPS,
@@ -196,7 +197,7 @@ def test_a_ddp_model_copies_and_pickles_without_the_comm_timer(
         timed = read_microscope(tmp_path / "run").ranks[0].allreduce_ms
         assert np.all(timed[:3] > 0)  # and the timer still times the steps trained
     finally:
-        dist.destroy_process_group()
+        end_gloo_group()
 
 
 # -- tightrope exec --------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from reference_trainer.processes.hang_monitor import blame_collective
 from reference_trainer.stability.mechanism import Boundary, StepState
 from reference_trainer.stability.straggler_step import StragglerWatch
 from reference_trainer.stability.stragglers import StragglerConfig, StragglerScores
+from tests.conftest import end_gloo_group
 
 # -- scores ---------------------------------------------------------------------------------
 
@@ -155,7 +156,7 @@ def group(tmp_path: Path):  # type: ignore[no-untyped-def]
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
     )
     yield
-    dist.destroy_process_group()
+    end_gloo_group()
 
 
 def ctx() -> StepContext:
