@@ -406,8 +406,10 @@ def test_which_torchrun_jobs_are_forked() -> None:
 def test_torchrun_itself_is_forked_but_never_from_a_server_that_preloaded_a_framework() -> None:
     """The agent (torchrun's own process) is forked with its workers, but not from a server
     that preloaded an installed module (a script importing Lightning, under exec):
-    Lightning's import sets a variable the agent would hand on to its worker. Given a
-    server of its own, the agent is forked from that one, its workers from the other."""
+    Lightning's import sets a variable the agent would hand on to its worker. So the
+    launcher gives the agent a server of its own whenever the workers' server preloaded
+    (the test below): the agent is forked from that one, its workers from the other; with
+    one server given, both from it."""
     client = warm_start._client([])
     module = [*TORCHRUN, "--nproc-per-node", "2", "-m", "reference_trainer", "--steps", "3"]
     assert warm_start.rewrite(module)[: len(client)] == client  # outside exec
