@@ -105,12 +105,12 @@ class _Noting(os._Environ[str]):
 
 @contextlib.contextmanager
 def _noting_reads() -> Iterator[None]:
-    usual = type(os.environ)
-    os.environ.__class__ = _Noting
+    environ, usual = os.environ, type(os.environ)  # (restored even if an import replaced it)
+    environ.__class__ = _Noting
     try:
         yield
     finally:
-        os.environ.__class__ = usual
+        environ.__class__ = usual
 
 
 def read_on_import() -> frozenset[str]:
