@@ -287,8 +287,11 @@ def preload_of(command: Sequence[str]) -> tuple[str, ...]:
     level (``python SCRIPT.py``, or torchrun running one); else nothing. Never the
     program's own modules."""
     job = _torchrun(command)
-    if job is not None:
-        command = job.worker
+    return _script_preload(job.worker if job is not None else command)
+
+
+def _script_preload(command: Sequence[str]) -> tuple[str, ...]:
+    """`preload_of` a command that is not torchrun's (``python [-u] SCRIPT.py ...``)."""
     script = next((w for w in command[1:] if not w.startswith("-")), "")
     if len(command) < 2 or command[0] != sys.executable or not script.endswith(".py"):
         return ()
@@ -349,9 +352,10 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
         return list(argv)
     if list(argv[1:4]) == ["-m", "harness", "exec"]:
         command = argv[argv.index("--") + 1 :] if "--" in argv else []
-        attached_env, preload = child_env(env, Path(os.getcwd()), None), preload_of(command)
+        job = _torchrun(command)  # (parsed once: torchrun's own parser)
+        preload = _script_preload(job.worker if job is not None else command)
+        attached_env = child_env(env, Path(os.getcwd()), None)
         attached = _server_for(attached_env, preload)
-        job = _torchrun(command)
         plain = _server_for(attached_env) if preload and job is not None else None
         if attached is not None and job is not None and preload:
             several = job.processes != 1 and attached.one_process
@@ -371,7 +375,7 @@ def from_bare_server(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     points' zygote, which imports torch as the server did."""
     if not _enabled or argv[:1] != [sys.executable]:
         return list(argv)
-    server = _server_for({k: v for k, v in env.items() if k != "PYTHONPATH"})
+    server = _server_for(_bare(env))
     return _client(argv, server.address) if server is not None else list(argv)
 
 
@@ -398,6 +402,11 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     return rewritten
 
 
+def _bare(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less its PYTHONPATH: the bare server's environment."""
+    return {k: v for k, v in env.items() if k != "PYTHONPATH"}
+
+
 def _server_for(env: dict[str, str], preload: tuple[str, ...] = ()) -> _Server | None:
     with _lock:
         return _server_locked(env, preload) if _enabled else None
@@ -411,8 +420,7 @@ def _server_locked(env: dict[str, str], preload: tuple[str, ...]) -> _Server | N
     if server is not None and server.alive():
         server.used = time.monotonic()
         return server
-    bare = {k: v for k, v in env.items() if k != "PYTHONPATH"}
-    base = _server_locked(bare, ()) if preload or "PYTHONPATH" in env else None
+    base = _server_locked(_bare(env), ()) if preload or "PYTHONPATH" in env else None
     if server is None and len(_servers) >= MAX_SERVERS:
         idle = [k for k, s in _servers.items() if s.idle() and s is not base]
         if not idle:
