@@ -356,10 +356,14 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
         preload = _script_preload(job.worker if job is not None else command)
         attached_env = child_env(env, Path(os.getcwd()), None)
         attached = _server_for(attached_env, preload)
-        plain = _server_for(attached_env) if preload and job is not None else None
+        plain = None
         if attached is not None and job is not None and preload:
-            several = job.processes != 1 and attached.one_process
-            attached = plain if several or plain is None else attached
+            # torchrun is forked from the plain server (never from one that preloaded), and
+            # so are the workers of a job of several when the preload read a rank's
+            # variables; without the plain server, nothing is forked.
+            plain = _server_for(attached_env)
+            if plain is None or (job.processes != 1 and attached.one_process):
+                attached = plain
         if attached is not None:
             env[EXEC_SOCKET_ENV] = attached.address
             if plain is not None and plain is not attached:
