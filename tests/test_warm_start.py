@@ -171,6 +171,72 @@ def test_a_signal_reaches_the_child_and_its_exit_comes_back(tmp_path: Path, warm
     assert codes == {"fresh": EXIT_PREEMPTED, "warm": EXIT_PREEMPTED}
 
 
+#: A program that leaves a trace of each thing an interpreter's end does for it: a thread
+#: waited for, an atexit function, the ``__del__`` of objects of ``__main__`` and of a module
+#: of its own, a file it never closed (flushed), C's buffered output; then it ends as
+#: ``argv[2]`` says.
+ENDING = """\
+import atexit, ctypes, sys, threading, time
+import helper
+
+trace = sys.argv[1]
+def note(what, open=open):  # (an interpreter's end takes open from the builtins first)
+    with open(trace, "a") as f:
+        f.write(what + "\\n")
+
+class Noted:
+    def __del__(self):
+        note("del main")
+
+kept = Noted()
+left_open = open(trace + ".unclosed", "w")
+left_open.write("buffered")
+atexit.register(note, "atexit")
+threading.Thread(target=lambda: (time.sleep(0.3), note("thread"))).start()
+ctypes.CDLL(None).printf(b"from C")
+how = sys.argv[2]
+if how == "raise":
+    raise ValueError("raised")
+if how == "interrupt":
+    raise KeyboardInterrupt
+sys.exit(3 if how == "code" else "said on the way out")
+"""
+HELPER = """\
+import sys
+class Noted:
+    def __del__(self, open=open, trace=sys.argv[1]):  # (and sets sys.argv to None)
+        with open(trace, "a") as f:
+            f.write("del helper\\n")
+kept = Noted()
+"""
+
+
+def test_a_forked_program_ends_as_a_fresh_one_does(tmp_path: Path, warm: None) -> None:
+    """A forked program does not take apart the modules it was forked with, but what its
+    end shows is a fresh end's: its threads waited for, its atexit functions, the objects
+    of its own modules finalized, its files and C's output flushed, and the same exit
+    status (a message, a traceback, a code, Ctrl-C)."""
+    (tmp_path / "ending.py").write_text(ENDING)
+    (tmp_path / "helper.py").write_text(HELPER)
+    for how, status in [("code", 3), ("say", 1), ("raise", 1), ("interrupt", -signal.SIGINT)]:
+        ends = {}
+        for name in ("fresh", "warm"):
+            trace = tmp_path / f"{how}-{name}"
+            argv = [sys.executable, str(tmp_path / "ending.py"), str(trace), how]
+            env = dict(ENV)
+            started = warm_start.warm(argv, env) if name == "warm" else argv
+            assert (started != argv) == (name == "warm")
+            done = subprocess.run(started, env=env, capture_output=True, text=True, timeout=60)
+            said = done.stderr.strip().splitlines()[-1:] if done.stderr else []
+            lines = sorted(trace.read_text().splitlines())
+            ends[name] = (done.returncode, done.stdout, said, lines)
+            assert (tmp_path / f"{how}-{name}.unclosed").read_text() == "buffered"
+        assert ends["warm"] == ends["fresh"], how
+        assert ends["fresh"][0] == status
+        assert ends["fresh"][1] == "from C"
+        assert ends["fresh"][3] == ["atexit", "del helper", "del main", "thread"]
+
+
 def test_a_killed_client_takes_its_child_with_it(tmp_path: Path, warm: None) -> None:
     before = set(warm_start.forked())
     run_dir = tmp_path / "run"

@@ -32,8 +32,11 @@ import os
 import selectors
 import signal
 import sys
+import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
+
+from harness.inside.ending import end, status_of
 
 #: What the zygote imports before forking: torch, and ``torch._dynamo``, which torch imports
 #: at the first optimizer a program makes (as much again as torch itself); the driver adds
@@ -222,13 +225,15 @@ def _child(request: dict[str, Any], path: list[str]) -> None:
     become(request, path)
 
 
-def become(request: dict[str, Any], path: list[str]) -> None:
+def become(request: dict[str, Any], path: list[str]) -> NoReturn:
     """In a forked child whose standard streams are set: become what ``python ARGV``
     (``request["argv"]``: the interpreter, then a script, ``-m MODULE`` or ``-c CODE``
     and its arguments) would be with ``request["env"]`` in ``request["cwd"]``, and end as
-    its interpreter would (never returns). ``path``: ``sys.path`` as this interpreter's
+    its interpreter would, without taking apart what it was forked with
+    (`harness.inside.ending`; never returns). ``path``: ``sys.path`` as this interpreter's
     start made it; rebuilt (`fresh_path`) when the request's PYTHONPATH is not its own,
     and the ``sitecustomize`` that start would have run imported then, not armed again."""
+    forked_with = list(sys.modules)
     pythonpath = request["env"].get("PYTHONPATH", "")
     rebuilt = pythonpath != os.environ.get("PYTHONPATH", "")
     os.environ.clear()
@@ -247,6 +252,10 @@ def become(request: dict[str, Any], path: list[str]) -> None:
         sys.path[0] = ""
     else:
         sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+    # Its own __main__, held by sys.modules alone, as at a fresh start (the server's is
+    # held by the server's frames, and would outlive the program's end).
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    status, interrupted = 0, False
     try:
         _site_customize() if rebuilt else _arm()
         if module:
@@ -255,8 +264,8 @@ def become(request: dict[str, Any], path: list[str]) -> None:
             runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
         else:
             _run_script(script, code)
-    except SystemExit:
-        raise
+    except SystemExit as stop:
+        status = status_of(stop.code)
     except BaseException as exc:  # an interpreter prints the traceback and exits 1
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
@@ -266,8 +275,9 @@ def become(request: dict[str, Any], path: list[str]) -> None:
         # agent's end-of-run record reads the reason from sys.last_value.
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
         sys.excepthook(type(exc), exc, tb)
-        raise SystemExit(1) from None
-    raise SystemExit(0)
+        status, interrupted = 1, isinstance(exc, KeyboardInterrupt)
+        del tb
+    end(status, forked_with, interrupted=interrupted)
 
 
 def pythonpath_folders(pythonpath: str, cwd: str) -> list[str]:
