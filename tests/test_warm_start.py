@@ -335,10 +335,12 @@ def test_a_server_asked_of_a_server_that_cannot_fork_it_starts_afresh(
         server.close()
 
 
-def test_a_pythonpath_that_would_shadow_an_imported_module_is_refused(tmp_path: Path) -> None:
-    """A folder new on the path that holds a module the bare server imported from elsewhere
-    (here ``json``) would give a fresh interpreter another module: not served. The
-    checkout itself, where ``harness`` was imported from, shadows nothing."""
+def test_a_path_that_would_shadow_an_imported_module_is_refused(tmp_path: Path) -> None:
+    """A folder new on the path (on PYTHONPATH, or the script's or ``-m``'s working folder,
+    first on a fresh start's path) that holds a module the server imported from elsewhere
+    (here ``json``; or a copy of this checkout's ``harness``) would give a fresh interpreter
+    another module: not served. The checkout itself, where ``harness`` was imported from,
+    shadows nothing."""
     (tmp_path / "json.py").write_text("")
     root = str(Path(__file__).resolve().parents[1])
     assert warm_server._shadowed([str(tmp_path)]) == "json"
@@ -346,12 +348,28 @@ def test_a_pythonpath_that_would_shadow_an_imported_module_is_refused(tmp_path: 
     bare = warm_server.static({k: v for k, v in ENV.items() if k != "PYTHONPATH"})
     env = {**ENV, "PYTHONPATH": f"{BOOTSTRAP_DIR}:{tmp_path.name}"}
     request = {"argv": [sys.executable, "-c", "pass"], "cwd": str(tmp_path.parent), "env": env}
-    reason = "a PYTHONPATH that holds json, imported here from elsewhere"
+    reason = "its path holds json, imported here from elsewhere"
     assert warm_server._refusal(request, bare, True, bare=True) == reason
     # Not the bare server: another PYTHONPATH is another environment.
     assert "another environment: PYTHONPATH" in str(warm_server._refusal(request, bare, True))
     # Negative control: the same request with a folder that shadows nothing is served.
     request["env"] = {**ENV, "PYTHONPATH": f"{BOOTSTRAP_DIR}:{root}"}
+    assert warm_server._refusal(request, bare, True, bare=True) is None
+    # Where the program starts: a script beside json.py, -m in its folder, or in a copy
+    # of the checkout (its harness, not the one imported here).
+    plain = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
+    copy = tmp_path / "copy"
+    (copy / "harness").mkdir(parents=True)
+    (copy / "harness" / "__init__.py").write_text("")
+    for argv, cwd, clash in [
+        ([sys.executable, str(tmp_path / "train.py")], root, "json"),
+        ([sys.executable, "-m", "train"], str(tmp_path), "json"),
+        ([sys.executable, "-m", "harness", "--help"], str(copy), "harness"),
+    ]:
+        request = {"argv": argv, "cwd": cwd, "env": plain}
+        said = f"its path holds {clash}, imported here from elsewhere"
+        assert warm_server._refusal(request, bare, True, bare=True) == said, argv
+    request = {"argv": [sys.executable, "-m", "harness", "--help"], "cwd": root, "env": plain}
     assert warm_server._refusal(request, bare, True, bare=True) is None
 
 
@@ -549,20 +567,25 @@ def test_a_job_of_several_has_its_workers_forked_from_a_preload_that_reads_no_ra
 def test_a_launch_of_another_environment_replaces_an_idle_server(
     tmp_path: Path, own_servers: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(warm_start, "MAX_SERVERS", 1)
+    # The reference trainer's launch takes two: the bare server and the one forked from it
+    # that preloads the trainer's modules.
+    monkeypatch.setattr(warm_start, "MAX_SERVERS", 2)
     env, other = dict(ENV), {**ENV, "OTHER": "1"}
     long = warm_start.warm(_one(tmp_path / "a", "--steps", "400"), env)
-    (server,) = warm_start.server_pids()
+    servers = warm_start.server_pids()
+    assert len(warm_start._servers) == 2
     proc = subprocess.Popen(long, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(lambda: len(warm_start.forked()) == 1, "the run forked")
-        # The only server serves a run: another environment's launch starts afresh.
+        (child,) = warm_start.forked()
+        # Both serve the run (the bare one forked the other): another environment's launch
+        # starts afresh.
         assert warm_start.warm(_one(tmp_path / "b"), dict(other)) == _one(tmp_path / "b")
-        assert warm_start.server_pids() == {server}
+        assert warm_start.server_pids() == servers
     finally:
         proc.kill()  # the client: its server kills the child
         proc.wait()
-    _wait_for(lambda: not descendants(server), "the child gone")
-    # Idle now: it makes way for the other environment's server.
+    _wait_for(lambda: not _alive(child), "the child gone")
+    # Idle now: they make way for the other environment's two.
     assert warm_start.warm(_one(tmp_path / "c"), dict(other)) != _one(tmp_path / "c")
-    assert server not in warm_start.server_pids() and len(warm_start.server_pids()) == 1
+    assert not servers & warm_start.server_pids() and len(warm_start._servers) == 2

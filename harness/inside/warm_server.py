@@ -155,11 +155,17 @@ def _shadowed(folders: list[str]) -> str | None:
     return None
 
 
-def _pythonpath_refusal(request: dict[str, Any]) -> str | None:
-    """Why the bare server cannot fork ``request``, whose PYTHONPATH is its own, or None."""
-    pythonpath, cwd = str(request["env"].get("PYTHONPATH", "")), str(request.get("cwd") or "")
-    clash = _shadowed(pythonpath_folders(pythonpath, cwd or os.getcwd()))
-    return f"a PYTHONPATH that holds {clash}, imported here from elsewhere" if clash else None
+def _path_refusal(request: dict[str, Any], program: list[str]) -> str | None:
+    """Why ``request`` cannot be forked from here because of where a fresh start would look
+    first (its script's folder or, for ``-m`` and ``-c``, its working folder; then its
+    PYTHONPATH), or None."""
+    pythonpath = str(request["env"].get("PYTHONPATH", ""))
+    cwd = str(request.get("cwd") or "") or os.getcwd()
+    script = program[0] not in ("-m", "-c")
+    entry = os.path.dirname(os.path.join(cwd, program[0])) if script else cwd
+    folders = [os.path.abspath(entry), *pythonpath_folders(pythonpath, cwd)]
+    clash = _shadowed(list(dict.fromkeys(folders)))
+    return f"its path holds {clash}, imported here from elsewhere" if clash else None
 
 
 def _refusal(
@@ -191,14 +197,12 @@ def _refusal(
     if one_process and isinstance(wanted, dict) and wanted.get("WORLD_SIZE", "1") != "1":
         return "one of several processes, and modules preloaded that read a rank's variables"
     theirs = static(wanted) if isinstance(wanted, dict) else {}
-    if bare and "PYTHONPATH" in theirs:
-        theirs.pop("PYTHONPATH")
-        if theirs == env:
-            return _pythonpath_refusal(request)
+    if bare:  # any PYTHONPATH: the child's path is rebuilt for it (`become`)
+        theirs.pop("PYTHONPATH", None)
     if not isinstance(wanted, dict) or theirs != env:
         differ = sorted(set(theirs.items()) ^ set(env.items()))
         return "another environment: " + ", ".join(sorted({k for k, _ in differ}))[:200]
-    return None
+    return _path_refusal(request, program)
 
 
 class _Server:

@@ -330,6 +330,31 @@ def _attached(env: dict[str, str]) -> bool:
     return str(BOOTSTRAP_DIR) in env.get("PYTHONPATH", "").split(os.pathsep)
 
 
+#: What a server imports beyond torch for this checkout's own programs (`OWN_PROGRAMS`):
+#: the modules each of their processes imports (about 0.6 s of CPU after torch, on a 2-core
+#: machine half of what a short rank costs). They come from this checkout, as the server's
+#: own ``harness`` does; a request whose path would find another copy of them first is
+#: refused (`harness.inside.warm_server`), and its client starts it afresh.
+OWN_PRELOAD = (
+    "reference_trainer.cli",
+    "reference_trainer.train",
+    "harness.commands.main",
+    "harness.running.exec",
+)
+#: ``python -m reference_trainer``, ``python -m harness`` (the `tightrope` command).
+OWN_PROGRAMS = ("reference_trainer", "harness")
+
+
+def _own_preload(argv: Sequence[str]) -> tuple[str, ...]:
+    """`OWN_PRELOAD` when ``argv`` runs one of `OWN_PROGRAMS` (``python [-u] -m PROGRAM``,
+    or torchrun running it), else nothing."""
+    job = _torchrun(argv) if list(argv[1:3]) == ["-m", _TORCHRUN] else None
+    program = list(job.worker if job is not None else argv)[1:]
+    program = program[1:] if program[:1] == ["-u"] else program
+    own = len(program) >= 2 and program[0] == "-m" and program[1] in OWN_PROGRAMS
+    return OWN_PRELOAD if own else ()
+
+
 def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """``argv`` to run with ``env`` (which gains the server's socket): its warm form once
     `enable` was called and a server runs for ``env``, else ``argv`` itself.
@@ -347,7 +372,7 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     rewritten = rewrite(argv)
     if rewritten is None:
         return list(argv)
-    server = _server_for(env)
+    server = _server_for(env, _own_preload(argv))
     if server is None:
         return list(argv)
     if list(argv[1:4]) == ["-m", "harness", "exec"]:
