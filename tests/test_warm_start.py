@@ -23,7 +23,7 @@ from harness.inside import warm_server
 from harness.inside.exec_env import BOOTSTRAP_DIR
 from harness.inside.warm_client import SOCKET_ENV
 from harness.records.journal import read_journal
-from harness.running import warm_start
+from harness.running import warm_command, warm_start
 from harness.running.launch import run_process
 from harness.running.process_tree import descendants
 from reference_trainer.processes.preemption import EXIT_PREEMPTED
@@ -435,7 +435,7 @@ def test_a_program_run_by_exec_is_attached_and_observed_as_fresh(
     tmp_path: Path,
     warm: None,
 ) -> None:
-    assert set(preload) <= {n.split(":")[0] for n in warm_start.preload_of(command(tmp_path))}
+    assert set(preload) <= {n.split(":")[0] for n in warm_command.preload_of(command(tmp_path))}
     before = set(warm_start.forked())
     with warm_start.paused():
         _run(_exec(command(tmp_path / "fresh"), tmp_path / "fresh"), tmp_path / "fresh.log")
@@ -464,11 +464,11 @@ def test_a_server_preloads_only_what_a_script_installs(tmp_path: Path) -> None:
     one = [sys.executable, str(script)]
     # Installed (yaml, pydantic's name); not the standard library's, torch (every server
     # imports it), the program's own, nor an import inside a function.
-    assert warm_start.preload_of(one) == ("yaml", "pydantic:BaseModel")
+    assert warm_command.preload_of(one) == ("yaml", "pydantic:BaseModel")
     for processes in ("1", "2"):  # (a job of several: see the test below)
         torchrun = [*TORCHRUN, "--nproc-per-node", processes, str(script)]
-        assert warm_start.preload_of(torchrun) == ("yaml", "pydantic:BaseModel")
-    assert warm_start.preload_of([sys.executable, "-X", "dev", str(script)]) == ()
+        assert warm_command.preload_of(torchrun) == ("yaml", "pydantic:BaseModel")
+    assert warm_command.preload_of([sys.executable, "-X", "dev", str(script)]) == ()
 
 
 def test_which_torchrun_jobs_are_forked() -> None:

@@ -26,10 +26,11 @@ The bare server (one that preloads and attaches nothing and has no PYTHONPATH) a
 a request whose environment differs from its own in PYTHONPATH too (this checkout, the
 agent's bootstrap): the child rebuilds ``sys.path`` as a fresh interpreter with that
 PYTHONPATH would have made it (`harness.inside.zygote.fresh_path`) and imports the
-``sitecustomize`` it finds there, as ``site`` would have; a PYTHONPATH whose folders hold a
-module the server has already imported from elsewhere is refused (`_shadowed`). So the
-launcher's other servers (``python -c``, as any program) and the crash points' zygote are
-forked from it instead of importing torch anew.
+``sitecustomize`` it finds there, as ``site`` would have. So the launcher's other servers
+(``python -c``, as any program) and the crash points' zygote are forked from it instead of
+importing torch anew. Any server refuses a request whose path (its script's folder, or
+the working folder of ``-m`` and ``-c``, then its PYTHONPATH) holds a module the server has
+already imported from elsewhere (`_shadowed`): a fresh start would have imported that one.
 
 Standard library only until the preload.
 """

@@ -9,7 +9,8 @@ one process) runs that client as each of its workers (``--no-python``), so torch
 starts, watches, signals and restarts every worker, and the worker is forked from an
 interpreter that imported torch once; torchrun itself is forked too (its agent imports
 torch as a worker does). That covers the reference trainer's ranks and
-tightrope's own commands. One server serves every launch
+tightrope's own commands, which are forked from a server that has imported their modules
+too (`harness.running.warm_command.own_preload`). One server serves every launch
 whose environment is its own but for what varies per process
 (`harness.inside.warm_server.VARYING_NAMES`). A command with interpreter options or another
 interpreter starts afresh as before, and so does a request the server refuses.
@@ -18,7 +19,8 @@ interpreter starts afresh as before, and so does a request the server refuses.
 one worker) is forked from a server of the environment exec gives it (the agent's
 bootstrap first on PYTHONPATH), which wraps the save and load functions before forking as
 `harness.inside.zygote` does, and has imported the installed modules the script imports
-(`preload_of`: Lightning, transformers); each child attaches the agent as a fresh start
+(`harness.running.warm_command.preload_of`: Lightning,
+transformers); each child attaches the agent as a fresh start
 would (`warm_exec`). torchrun running such a script is forked from the attached server
 that preloaded nothing (`EXEC_AGENT_SOCKET_ENV`: a preload's import may set variables, as
 Lightning's does, that torchrun would hand on to its workers), its workers from the one
@@ -38,11 +40,8 @@ shows a warm run leaves what a fresh one leaves.
 
 from __future__ import annotations
 
-import ast
 import atexit
 import contextlib
-import importlib.util
-import io
 import os
 import shutil
 import subprocess
@@ -53,20 +52,24 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
-from harness.inside.crash_hook import installed
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
 from harness.inside.warm_client import SOCKET_ENV, SOCKET_OPTION
 from harness.inside.warm_server import ONE_PROCESS, static
 from harness.running.process_tree import MARK, descendants, end_by_stdin
+from harness.running.warm_command import (
+    TORCHRUN,
+    Torchrun,
+    own_preload,
+    parse_torchrun,
+    script_preload,
+)
 
 _ROOT = Path(__file__).resolve().parents[2]
 CLIENT = str(_ROOT / "harness" / "inside" / "warm_client.py")
 _SERVE = "import sys; path = list(sys.path); sys.path.append({root!r}); "
 _SERVE += "from harness.inside.warm_server import serve; "
 _SERVE += "serve(path, {address!r}, attached={attached!r}, preload={preload!r})"
-_TORCHRUN = "torch.distributed.run"
 
 #: Where the launcher tells ``tightrope exec`` the server its command can be forked from.
 EXEC_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_SOCKET"
@@ -76,8 +79,9 @@ EXEC_AGENT_SOCKET_ENV = "TIGHTROPE_WARM_EXEC_AGENT_SOCKET"
 
 #: Servers of this process at most (each holds torch in memory, about 300 MB, 430 MB with
 #: Lightning, less where one forked from the bare server still shares its pages: the bare
-#: one, the attached one, one per framework a one-process program imports, each of those
-#: for a launch that puts this checkout on PYTHONPATH and one that does not). A launch of
+#: one, the one for this checkout's own programs, the attached one, one per framework a
+#: one-process program imports, each of those for a launch that puts this checkout on
+#: PYTHONPATH and one that does not). A launch of
 #: another environment ends the least recently used server that serves nobody now, else
 #: starts afresh. With 4, a worker of make test started 15 servers, 8 of them after ending
 #: one; with 8, the two workers started 27, 5 after ending one.
@@ -137,9 +141,6 @@ class _Server:
 
 
 _lock = threading.Lock()
-#: `ast.parse` in two threads at once (a suite's scenarios launch from threads) raised
-#: "SystemError: AST constructor recursion depth mismatch" on Python 3.11.
-_parse_lock = threading.Lock()
 _servers: dict[tuple[frozenset[tuple[str, str]], tuple[str, ...]], _Server] = {}
 _enabled = False
 
@@ -214,45 +215,14 @@ def _client(argv: Sequence[str], server: str = "") -> list[str]:
     return [sys.executable, "-I", "-S", CLIENT, *option, *argv]
 
 
-class _Torchrun(NamedTuple):
-    """A ``python -m torch.distributed.run OPTIONS PROGRAM`` command, read by torchrun's own
-    argument parser."""
-
-    options: list[str]  # torchrun's, less -m
-    worker: list[str]  # what torchrun runs as each worker: python -u [-m] PROGRAM ARGS
-    processes: int  # nodes x processes per node; 0 when not a number here
-
-
-def _torchrun(argv: Sequence[str]) -> _Torchrun | None:
-    if len(argv) < 4 or argv[0] != sys.executable or list(argv[1:3]) != ["-m", _TORCHRUN]:
-        return None
-    from torch.distributed.run import get_args_parser
-
-    rest = list(argv[3:])
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            args = get_args_parser().parse_args(rest)
-    except SystemExit:
-        return None
-    if args.no_python or args.run_path or args.training_script.startswith("-"):
-        return None
-    at = len(rest) - len(args.training_script_args) - 1
-    options = [word for word in rest[:at] if word not in ("-m", "--module")]
-    program = ["-m", args.training_script] if args.module else [args.training_script]
-    worker = [sys.executable, "-u", *program, *args.training_script_args]
-    nodes, per_node = str(args.nnodes).split(":")[-1], str(args.nproc_per_node)  # MIN:MAX
-    processes = int(nodes) * int(per_node) if nodes.isdigit() and per_node.isdigit() else 0
-    return _Torchrun(options, worker, processes)
-
-
-def _warm_torchrun(argv: Sequence[str], job: _Torchrun, workers_at: str = "") -> list[str]:
+def _warmparse_torchrun(argv: Sequence[str], job: Torchrun, workers_at: str = "") -> list[str]:
     """torchrun ``argv``, forked from the server in the environment, running the warm client
     as each of its workers (forked from server ``workers_at``, else that one too)."""
     warm_job = [*argv[:3], *job.options, "--no-python", *_client(job.worker, workers_at)]
     return _client(warm_job)
 
 
-def _forked(job: _Torchrun, *, under_exec: bool) -> bool:
+def _forked(job: Torchrun, *, under_exec: bool) -> bool:
     """Whether torchrun ``job`` runs forked: a job of one process always; of several, a
     module's (the reference trainer, tightrope's own) outside exec and a script's under
     exec. Outside exec, the one script job of several, a plain DCP job's, hung forked as it
@@ -269,11 +239,11 @@ def rewrite(argv: Sequence[str]) -> list[str] | None:
         return None
     if argv[1] == "-m" and len(argv) < 3:
         return None
-    if argv[1] == "-m" and argv[2] == _TORCHRUN:
-        job = _torchrun(argv)
+    if argv[1] == "-m" and argv[2] == TORCHRUN:
+        job = parse_torchrun(argv)
         if job is None or not _forked(job, under_exec=False):
             return None
-        return _warm_torchrun(argv, job)
+        return _warmparse_torchrun(argv, job)
     if argv[1] == "-m" and not argv[2].startswith("-"):
         return _client(argv)
     if argv[1].endswith(".py") and not argv[1].startswith("-"):
@@ -281,78 +251,8 @@ def rewrite(argv: Sequence[str]) -> list[str] | None:
     return None
 
 
-def preload_of(command: Sequence[str]) -> tuple[str, ...]:
-    """What a server may import for ``command`` beyond torch (which every server imports):
-    the installed modules (and the names taken from them) its script imports at its top
-    level (``python SCRIPT.py``, or torchrun running one); else nothing. Never the
-    program's own modules."""
-    job = _torchrun(command)
-    return _script_preload(job.worker if job is not None else command)
-
-
-def _script_preload(command: Sequence[str]) -> tuple[str, ...]:
-    """`preload_of` a command that is not torchrun's (``python [-u] SCRIPT.py ...``)."""
-    script = next((w for w in command[1:] if not w.startswith("-")), "")
-    if len(command) < 2 or command[0] != sys.executable or not script.endswith(".py"):
-        return ()
-    if command[1].startswith("-") and command[1] != "-u":
-        return ()
-    try:
-        source = Path(script).read_bytes()
-        with _parse_lock:  # CPython 3.11's parser is not safe in two threads at once
-            tree = ast.parse(source)
-    except (OSError, SyntaxError, ValueError):
-        return ()
-    names: list[str] = []
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names += [f"{node.module}:{alias.name}" for alias in node.names]
-    tops = {name: name.split(":")[0].split(".")[0] for name in dict.fromkeys(names)}
-    return tuple(name for name, top in tops.items() if top != "torch" and _installed(top))
-
-
-def _installed(top: str) -> bool:
-    """``top`` is an installed package or module (`harness.inside.crash_hook.installed`),
-    found without importing it."""
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
-    places = [spec.origin or "", *(spec.submodule_search_locations or [])]
-    return any(installed(place) for place in places)
-
-
 def _attached(env: dict[str, str]) -> bool:
     return str(BOOTSTRAP_DIR) in env.get("PYTHONPATH", "").split(os.pathsep)
-
-
-#: What a server imports beyond torch for this checkout's own programs (`OWN_PROGRAMS`):
-#: the modules each of their processes imports (about 0.6 s of CPU after torch, on a 2-core
-#: machine half of what a short rank costs). They come from this checkout, as the server's
-#: own ``harness`` does; a request whose path would find another copy of them first is
-#: refused (`harness.inside.warm_server`), and its client starts it afresh.
-OWN_PRELOAD = (
-    "reference_trainer.cli",
-    "reference_trainer.train",
-    "harness.commands.main",
-    "harness.running.exec",
-)
-#: ``python -m reference_trainer``, ``python -m harness`` (the `tightrope` command).
-OWN_PROGRAMS = ("reference_trainer", "harness")
-
-
-def _own_preload(argv: Sequence[str]) -> tuple[str, ...]:
-    """`OWN_PRELOAD` when ``argv`` runs one of `OWN_PROGRAMS` (``python [-u] -m PROGRAM``,
-    or torchrun running it), else nothing."""
-    job = _torchrun(argv) if list(argv[1:3]) == ["-m", _TORCHRUN] else None
-    program = list(job.worker if job is not None else argv)[1:]
-    program = program[1:] if program[:1] == ["-u"] else program
-    own = len(program) >= 2 and program[0] == "-m" and program[1] in OWN_PROGRAMS
-    return OWN_PRELOAD if own else ()
 
 
 def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
@@ -372,13 +272,13 @@ def warm(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     rewritten = rewrite(argv)
     if rewritten is None:
         return list(argv)
-    server = _server_for(env, _own_preload(argv))
+    server = _server_for(env, own_preload(argv))
     if server is None:
         return list(argv)
     if list(argv[1:4]) == ["-m", "harness", "exec"]:
         command = argv[argv.index("--") + 1 :] if "--" in argv else []
-        job = _torchrun(command)  # (parsed once: torchrun's own parser)
-        preload = _script_preload(job.worker if job is not None else command)
+        job = parse_torchrun(command)  # (parsed once: torchrun's own parser)
+        preload = script_preload(job.worker if job is not None else command)
         attached_env = child_env(env, Path(os.getcwd()), None)
         attached = _server_for(attached_env, preload)
         plain = None
@@ -415,12 +315,12 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     `rewrite` says), else ``argv`` itself."""
     address, agent_address = env.pop(EXEC_SOCKET_ENV, ""), env.pop(EXEC_AGENT_SOCKET_ENV, "")
     rewritten = None
-    if address and list(argv[1:3]) == ["-m", _TORCHRUN]:  # (a user's exec imports no torch)
-        job = _torchrun(argv)
+    if address and list(argv[1:3]) == ["-m", TORCHRUN]:  # (a user's exec imports no torch)
+        job = parse_torchrun(argv)
         if job is not None and _forked(job, under_exec=True):
             # Its workers from the server given for them; torchrun from the one given for
             # it when that is another (the workers' preloaded their imports).
-            rewritten = _warm_torchrun(argv, job, workers_at=address if agent_address else "")
+            rewritten = _warmparse_torchrun(argv, job, workers_at=address if agent_address else "")
             address = agent_address or address
     elif address:
         rewritten = rewrite(argv)
