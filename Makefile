@@ -43,14 +43,17 @@ browser:
 
 ## test: lint, then every test tier that can run on this machine, in two pytest-xdist
 ## workers: the distributed, docker and timed tests one at a time, first, in one of them
-## (tests/lanes.py); the 25 slowest are listed at the end, to show where the time goes
+## (tests/lanes.py); the 25 slowest are listed at the end, to show where the time goes. A
+## worker that crashes ends the run at once, naming its test: xdist replacing it under
+## loadgroup left the controller waiting forever once every test had run
 test: lint browser
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart=0 \
+		--durations=25
 
 ## check: the edit loop: lint, then the tests outside the slow, distributed and docker
 ## tiers (the few timed ones among them take seconds), in the two workers of make test
 check: lint
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder \
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart=0 \
 		-m "not slow and not distributed and not docker"
 
 ## bench: trainer throughput, checkpoint cost, suite wall time, recovery time, agent and
