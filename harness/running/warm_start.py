@@ -215,7 +215,7 @@ def _client(argv: Sequence[str], server: str = "") -> list[str]:
     return [sys.executable, "-I", "-S", CLIENT, *option, *argv]
 
 
-def _warmparse_torchrun(argv: Sequence[str], job: Torchrun, workers_at: str = "") -> list[str]:
+def _warm_torchrun(argv: Sequence[str], job: Torchrun, workers_at: str = "") -> list[str]:
     """torchrun ``argv``, forked from the server in the environment, running the warm client
     as each of its workers (forked from server ``workers_at``, else that one too)."""
     warm_job = [*argv[:3], *job.options, "--no-python", *_client(job.worker, workers_at)]
@@ -243,7 +243,7 @@ def rewrite(argv: Sequence[str]) -> list[str] | None:
         job = parse_torchrun(argv)
         if job is None or not _forked(job, under_exec=False):
             return None
-        return _warmparse_torchrun(argv, job)
+        return _warm_torchrun(argv, job)
     if argv[1] == "-m" and not argv[2].startswith("-"):
         return _client(argv)
     if argv[1].endswith(".py") and not argv[1].startswith("-"):
@@ -320,7 +320,7 @@ def warm_exec(argv: Sequence[str], env: dict[str, str]) -> list[str]:
         if job is not None and _forked(job, under_exec=True):
             # Its workers from the server given for them; torchrun from the one given for
             # it when that is another (the workers' preloaded their imports).
-            rewritten = _warmparse_torchrun(argv, job, workers_at=address if agent_address else "")
+            rewritten = _warm_torchrun(argv, job, workers_at=address if agent_address else "")
             address = agent_address or address
     elif address:
         rewritten = rewrite(argv)
