@@ -115,10 +115,10 @@ def _take_apart(forked_with: set[str]) -> None:
     for name in _SYS_DROPPED:
         setattr(sys, name, None)
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-    names = [n for n in sys.modules if n not in forked_with or n == "__main__"]
-    main = names.pop(names.index("__main__")) if "__main__" in names else None
+    # __main__ (the program's own, in place of the server's) and what the program imported
+    names = ["__main__", *(n for n in sys.modules if n not in forked_with)]
     held: list[weakref.ref[ModuleType]] = []
-    for name in [*([main] if main else []), *names]:
+    for name in names:
         module = sys.modules.pop(name, None)
         if isinstance(module, ModuleType):
             held.append(weakref.ref(module))
