@@ -21,11 +21,21 @@ pytestmark = pytest.mark.timed
 
 
 def write_beat(
-    run_dir: Path, rank: int, step: int, *, age: float, timeout: float, pid: int
+    run_dir: Path,
+    rank: int,
+    step: int,
+    *,
+    age: float,
+    timeout: float,
+    pid: int,
+    clock_stepped: float = 0.0,
 ) -> None:
+    """A heartbeat written ``age`` seconds ago, on a wall clock since stepped forward by
+    ``clock_stepped`` seconds (an NTP step, a virtual machine paused and resumed)."""
     path = RunLayout(run_dir).heartbeat_file(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"step": step, "wall": time.time() - age, "timeout": timeout, "pid": pid}
+    wall, mono = time.time() - age - clock_stepped, time.monotonic() - age
+    record = {"step": step, "wall": wall, "mono": mono, "timeout": timeout, "pid": pid}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record | {"host": "h", "restart": 0}))
     tmp.replace(path)  # as the rank writes it: never half a heartbeat
@@ -68,13 +78,18 @@ def test_a_stale_heartbeat_is_journaled_and_its_rank_killed(
     assert lost["lost_rank"] == 1 and "past step 14" in lost["reason"]
 
 
+@pytest.mark.parametrize("stepped", [0.0, 60.0], ids=["steady-clock", "clock-stepped-60s"])
 def test_a_rank_that_keeps_beating_is_left_alone(
-    tmp_path: Path, rank_process: subprocess.Popen[bytes]
+    tmp_path: Path, rank_process: subprocess.Popen[bytes], stepped: float
 ) -> None:
-    write_beat(tmp_path, 1, 0, age=0.0, timeout=0.5, pid=rank_process.pid)
+    """Also when the wall clock jumps forward between its beats and the monitor's looks:
+    each heartbeat is 60 s old by the wall clock, and fresh by the monotonic one (a worker
+    of this suite, training in-process, was killed so when its virtual machine resumed)."""
+    beat = {"timeout": 0.5, "pid": rank_process.pid, "clock_stepped": stepped}
+    write_beat(tmp_path, 1, 0, age=0.0, **beat)
     watcher = monitor(tmp_path, rank_process.pid, world_size=1)
     for step in range(1, 31):  # 1.5 s of progress against a 0.5 s timeout
-        write_beat(tmp_path, 1, step, age=0.0, timeout=0.5, pid=rank_process.pid)
+        write_beat(tmp_path, 1, step, age=0.0, **beat)
         time.sleep(0.05)
     assert watcher.poll() is None and rank_process.poll() is None
     RunLayout(tmp_path).heartbeat_file(1).unlink()  # the rank ended on its own

@@ -79,7 +79,8 @@ def test_nobody_is_named_when_every_rank_is_waiting(
 def beat(run_dir: Path, rank: int, pid: int, age: float) -> None:
     path = RunLayout(run_dir).heartbeat_file(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"step": 14, "wall": time.time() - age, "timeout": 1.0, "pid": pid}
+    record = {"step": 14, "wall": time.time() - age, "mono": time.monotonic() - age}
+    record |= {"timeout": 1.0, "pid": pid}
     path.write_text(json.dumps(record | {"host": socket.gethostname(), "restart": 0}))
 
 

@@ -86,10 +86,10 @@ def watch(run_dir: Path, rank: int, world_size: int, pid: int, poll: float) -> i
         beat = _read(own)
         if beat is None or not _alive(pid):
             return 0
-        now = time.time()
-        stalled = now - float(beat["wall"])
+        stalled = time.monotonic() - float(beat["mono"])  # (`Heartbeat._write`: why not wall)
         if stalled <= float(beat["timeout"]):
             continue
+        now = time.time()
         beats = {
             r: b
             for r in range(world_size)

@@ -97,6 +97,10 @@ class Heartbeat:
         record = {
             "step": step,
             "wall": time.time(),
+            # The monitor times the heartbeat's age by this clock: the monitor runs on this
+            # host, and the wall clock can jump (a stepped clock, a virtual machine paused
+            # and resumed: 21 s at once, seen here), which would kill a healthy rank.
+            "mono": time.monotonic(),
             "timeout": timeout,
             "pid": os.getpid(),
             "host": socket.gethostname(),
