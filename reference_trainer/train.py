@@ -302,14 +302,16 @@ class Run:
                 raise TrainingFailed(str(exc)) from exc
             raise
         finally:
-            self.checkpoints.wait()
-            if self.heartbeat is not None:
-                self.heartbeat.stop()
-            self.preemption.uninstall()
-            if self.crashes is not None:
-                self.crashes.uninstall()
-            if self.ledger is not None:
-                self.ledger.uninstall()
+            try:
+                self.checkpoints.wait()  # may raise a failed background save's error...
+            finally:  # ...after which the monitor must stop all the same, or kill us
+                if self.heartbeat is not None:
+                    self.heartbeat.stop()
+                self.preemption.uninstall()
+                if self.crashes is not None:
+                    self.crashes.uninstall()
+                if self.ledger is not None:
+                    self.ledger.uninstall()
             ended = {"gave_up": True} if self.gave_up else {}
             agent.close("stopped" if status == "preempted" else status, reason, **ended)
         return RunResult(step, loss, time.monotonic() - started, status)

@@ -10,12 +10,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from harness.running.process_tree import descendants
 from reference_trainer.checkpoints.storage import explain, state_bytes
 
 from .conftest import ROOT
@@ -82,3 +84,42 @@ def test_a_save_past_the_file_size_limit_fails_the_run_in_words(tmp_path: Path) 
     assert "state.pt needs about " in lines[0]
     assert "past the file-size limit of 200,000 bytes (ulimit -f)" in lines[0]
     assert "inline_container" not in lines[0]
+
+
+def test_a_run_that_dies_while_its_background_save_fails_leaves_the_process_as_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step raises while the background save before it fails: the run raises, and its
+    hang monitor is stopped and its signal handlers put back all the same (in-process, a
+    monitor left watching would kill this very process once the heartbeat went stale)."""
+    from reference_trainer.checkpoints.manager import CheckpointManager
+    from reference_trainer.step import Trainer
+    from tests.stability_support import config, run
+
+    persist, step = CheckpointManager._persist, Trainer.step
+
+    def failing_save(self: CheckpointManager, at: int, *args: Any) -> None:
+        if at == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        persist(self, at, *args)
+
+    def dying_step(self: Trainer, at: int) -> Any:
+        if at == 3:  # while step 2's checkpoint is being written, and failing
+            time.sleep(0.5)
+            raise RuntimeError("the step died")
+        return step(self, at)
+
+    monkeypatch.setattr(CheckpointManager, "_persist", failing_save)
+    monkeypatch.setattr(Trainer, "step", dying_step)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    with pytest.raises(Exception, match="background checkpoint save failed: OSError") as raised:
+        run(tmp_path, config(steps=6, checkpoint_every=2))
+    assert "the step died" in str(raised.value.__context__)  # told too, in the traceback
+    assert not list((tmp_path / "heartbeats").glob("*.json"))  # the monitor's cue to leave
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+    monitors = [
+        pid
+        for pid in descendants(os.getpid())
+        if b"hang_monitor" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert monitors == []
