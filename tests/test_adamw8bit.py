@@ -142,6 +142,7 @@ def test_the_stable_embedding_normalizes_rows_and_keeps_its_xavier_init() -> Non
     assert torch.allclose(rows.var(-1, unbiased=False), torch.ones(1, VOCAB), atol=1e-2)
 
 
+@pytest.mark.slow
 def test_adamw_runs_never_import_bitsandbytes() -> None:
     code = (
         "import sys; from reference_trainer.model.optim import build_optimizer; "

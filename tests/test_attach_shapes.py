@@ -230,6 +230,7 @@ def test_an_in_memory_save_written_by_fsspec_is_journaled(tmp_path: Path) -> Non
     assert saved["sha256"] == hashlib.sha256(target.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_a_program_that_imports_the_attach_module_before_torch_runs_under_exec(
     tmp_path: Path,
 ) -> None:

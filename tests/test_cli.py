@@ -220,6 +220,7 @@ def test_resume_continues_to_the_new_target(run_copy: Path) -> None:
     assert (run_copy / "checkpoints" / "latest").read_text().strip() == "step-00000006"
 
 
+@pytest.mark.slow
 def test_trainer_error_from_a_real_process_is_one_line_and_exit_2(tmp_path: Path) -> None:
     proc = run_module("-m", "reference_trainer", "--preset", "huge", "--run-dir", str(tmp_path))
     assert proc.returncode == 2

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from harness.records.events import Detected, RankBlamed
@@ -50,6 +51,7 @@ def die(run_dir: Path, rank: int, injector: str, spec: str) -> int:
     return subprocess.run(argv, env=env, capture_output=True, timeout=60, check=False).returncode
 
 
+@pytest.mark.slow
 def test_a_rank_dead_by_a_signal_is_read_back_from_its_report(tmp_path: Path) -> None:
     assert die(tmp_path, 1, "SegfaultInjector", "SegfaultSpec") == -signal.SIGSEGV
     assert die(tmp_path, 0, "AbortInjector", "AbortSpec") == -signal.SIGABRT

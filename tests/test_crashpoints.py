@@ -187,6 +187,7 @@ def test_the_reference_trainer_passes_the_crash_points(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_a_point_is_met_by_its_event_not_by_its_number(tmp_path: Path) -> None:
     """The first run writes one file more than the later ones, so every point's event comes
     one number earlier in its run than in the fault-free run: the kill must still land on

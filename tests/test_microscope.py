@@ -218,6 +218,7 @@ def _exec(run_dir: Path, steps: int, nproc: int = 1, spec: str = "every=5") -> N
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_zero_code_attach_records_a_plain_script(tmp_path: Path) -> None:
     _exec(tmp_path, 10)
     scope = read_microscope(tmp_path)

@@ -233,6 +233,7 @@ def exec_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", sorted(CHECKS))
 @pytest.mark.parametrize("feature", sorted(EXEC_FEATURES))
 def test_the_model_survives_under_exec(
@@ -241,6 +242,7 @@ def test_the_model_survives_under_exec(
     assert exec_results[feature][check] == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", sorted(EXEC_FEATURES))
 def test_losses_are_bit_identical_under_exec(
     feature: str, exec_results: dict[str, dict[str, object]], plain: Trained
@@ -248,6 +250,7 @@ def test_losses_are_bit_identical_under_exec(
     assert exec_results[feature]["losses"] == [float(loss).hex() for loss in plain.losses]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", sorted(EXEC_FEATURES))
 def test_state_dict_keys_are_unchanged_under_exec(
     feature: str, exec_results: dict[str, dict[str, object]], plain: Trained
@@ -273,6 +276,7 @@ print("output hooks", sum(len(m._forward_hooks) for m in model.modules()))
 """
 
 
+@pytest.mark.slow
 def test_a_trainer_saving_its_whole_sequential_runs_under_exec_with_the_microscope(
     tmp_path: Path,
 ) -> None:

@@ -157,6 +157,7 @@ def _viridis_top_rows(rgb: np.ndarray) -> np.ndarray:
     return np.nonzero(_viridis_top(rgb).sum(axis=1) >= 15)[0]
 
 
+@pytest.mark.slow
 def test_microscope_views_load_cleanly_and_the_heatmap_is_drawn(
     microscope_page: Path, tmp_path: Path
 ) -> None:

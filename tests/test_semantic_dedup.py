@@ -60,6 +60,7 @@ def missed_by_hash_dedup(docs: list[Doc], copies: list[Doc]) -> list[Doc]:
     return [c for c, v in zip(copies, verdicts, strict=True) if v.keep]
 
 
+@pytest.mark.slow
 @needs_model
 def test_paraphrases_the_hash_filter_misses_are_dropped(
     embedder: embeddings.SentenceEmbedder,

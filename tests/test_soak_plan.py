@@ -38,6 +38,7 @@ def test_arrivals_come_at_the_asked_rate_in_increasing_steps() -> None:
     assert statistics.variance(counts) == pytest.approx(20, rel=0.4)
 
 
+@pytest.mark.slow
 def test_every_fault_fires_once_briefly_and_acts_on_a_step() -> None:
     plan = draw_plan(seed=3, steps=20_000, rate=0.01, checkpoint_every=50)
     table = registered_kinds()

@@ -36,6 +36,7 @@ def heldout() -> tuple[np.ndarray, list[int]]:
     return vectors, [i.label for i in items]
 
 
+@pytest.mark.slow
 @needs_model
 def test_the_shipped_head_is_precise_and_finds_most_toxic_items(
     heldout: tuple[np.ndarray, list[int]],

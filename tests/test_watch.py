@@ -308,6 +308,7 @@ def _plain(screen: bytes) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
 
 
+@pytest.mark.slow
 def test_live_view_follows_the_steps_and_exits_0_at_run_end(tmp_path: Path) -> None:
     with JournalWriter(tmp_path, rank=0):
         pass  # the journal folder exists before the job writes: the watcher waits for it
