@@ -312,8 +312,8 @@ class Run:
                     self.crashes.uninstall()
                 if self.ledger is not None:
                     self.ledger.uninstall()
-            ended = {"gave_up": True} if self.gave_up else {}
-            agent.close("stopped" if status == "preempted" else status, reason, **ended)
+                ended = {"gave_up": True} if self.gave_up else {}
+                agent.close("stopped" if status == "preempted" else status, reason, **ended)
         return RunResult(step, loss, time.monotonic() - started, status)
 
     def _has_checkpoints(self) -> bool:

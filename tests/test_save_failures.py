@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.records.journal import read_journal
 from harness.running.process_tree import descendants
 from reference_trainer.checkpoints.storage import explain, state_bytes
 
@@ -115,6 +116,8 @@ def test_a_run_that_dies_while_its_background_save_fails_leaves_the_process_as_f
     with pytest.raises(Exception, match="background checkpoint save failed: OSError") as raised:
         run(tmp_path, config(steps=6, checkpoint_every=2))
     assert "the step died" in str(raised.value.__context__)  # told too, in the traceback
+    (end,) = read_journal(tmp_path).of_kind("run_end")  # and the run's end journaled
+    assert end["status"] == "failed" and "the step died" in end["reason"]
     assert not list((tmp_path / "heartbeats").glob("*.json"))  # the monitor's cue to leave
     assert {s: signal.getsignal(s) for s in handlers} == handlers
     monitors = [
