@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from faults.process import STARTED_BY_ENV
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` in the parent tree, as ``/proc`` shows it now."""
+def descendants(pid: int, *, zombies: bool = True) -> list[int]:
+    """Every process below ``pid`` in the parent tree, as ``/proc`` shows it now; without
+    the zombies (ended, not yet reaped by their parent) when ``zombies`` is False."""
     children: dict[int, list[int]] = {}
     try:
         entries = list(os.scandir("/proc"))
@@ -32,9 +33,12 @@ def descendants(pid: int) -> list[int]:
             with open(os.path.join(entry.path, "stat")) as f:
                 stat = f.read()
             # The command name may hold spaces and parentheses: fields follow the last ")".
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            state, ppid_field = stat.rsplit(")", 1)[1].split()[:2]
+            ppid = int(ppid_field)
         except (OSError, IndexError, ValueError):
             continue  # it exited while we looked
+        if state == "Z" and not zombies:
+            continue
         children.setdefault(ppid, []).append(int(entry.name))
     found: list[int] = []
     queue = [pid]

@@ -129,8 +129,9 @@ class _Server:
         return self.proc.poll() is None
 
     def idle(self) -> bool:
-        """Serving nobody: no child of the server runs (its children are what it forked)."""
-        return not self.alive() or not descendants(self.pid)
+        """Serving nobody: no child of the server runs (its children are what it forked; one
+        that ended and is not reaped yet serves nobody either)."""
+        return not self.alive() or not descendants(self.pid, zombies=False)
 
     def close(self) -> None:
         """End the server (it kills any child still running) and remove its folder."""
