@@ -89,7 +89,10 @@ class HessianEstimator:
         last = len(batch.micro) - 1
         for i, (x, targets) in enumerate(batch.micro):
             sync = i == last or not isinstance(trainer.wrapped, DDP)
-            with contextlib.nullcontext() if sync else trainer.wrapped.no_sync():  # type: ignore[operator]
+            with (
+                contextlib.nullcontext() if sync else trainer.wrapped.no_sync(),  # type: ignore[operator]
+                trainer.precision.kernels(),
+            ):
                 with trainer.precision.autocast():
                     logits = trainer.wrapped(x)
                 labels = sampled_labels(logits, targets, generator)

@@ -66,7 +66,10 @@ def packed_forward_backward(trainer: StepParts, packed: PackedStep) -> PackedPas
         y = masked_targets(tokens[part], lengths[part], width)
         micro_batches.append((x, y))
         sync = micro == last or not isinstance(trainer.wrapped, DDP)
-        with contextlib.nullcontext() if sync else trainer.wrapped.no_sync():  # type: ignore[operator]
+        with (
+            contextlib.nullcontext() if sync else trainer.wrapped.no_sync(),  # type: ignore[operator]
+            trainer.precision.kernels(),
+        ):
             with trainer.precision.autocast():
                 total = summed_token_loss(trainer.wrapped(x), y)
             trainer.scaler.scale_loss(total * weight).backward()  # type: ignore[no-untyped-call]

@@ -95,7 +95,10 @@ def _micro_batches(
     for micro in range(accum):
         x, y = batch[micro, :, :-1], batch[micro, :, 1:]
         sync = micro == accum - 1 or not ddp
-        with contextlib.nullcontext() if sync else parts.wrapped.no_sync():  # type: ignore[operator]
+        with (
+            contextlib.nullcontext() if sync else parts.wrapped.no_sync(),  # type: ignore[operator]
+            parts.precision.kernels(),
+        ):
             with parts.precision.autocast():
                 logits = parts.wrapped(x)
                 loss = next_token_loss(logits, y)

@@ -68,9 +68,10 @@ def step_seconds(
         t0 = time.perf_counter()
         for a in range(split.accum):
             rows = batch[a * split.micro : (a + 1) * split.micro]
-            with precision.autocast():
-                loss = next_token_loss(model(rows[:, :-1]), rows[:, 1:])
-            (loss / split.accum).backward()  # type: ignore[no-untyped-call]
+            with precision.kernels():
+                with precision.autocast():
+                    loss = next_token_loss(model(rows[:, :-1]), rows[:, 1:])
+                (loss / split.accum).backward()  # type: ignore[no-untyped-call]
         if batch.device.type == "cuda":
             torch.cuda.synchronize(batch.device)
         model.zero_grad(set_to_none=True)
