@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,34 @@ def own_servers(warm: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     for server in list(warm_start._servers.values()):
         server.close()
+
+
+@pytest.fixture(scope="module")
+def module_bare() -> Iterator[dict[Any, Any]]:
+    """The bare server of `ENV` (its registry entry), started once for this module's tests
+    that fork servers of their own from it (`forked_servers`), ended after them."""
+    registry: dict[Any, Any] = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(warm_start, "_servers", registry)
+        patch.setattr(warm_start, "_enabled", True)
+        assert warm_start._server_for(dict(ENV)) is not None
+    yield dict(registry)
+    for server in registry.values():
+        server.close()
+
+
+@pytest.fixture
+def forked_servers(
+    warm: None, module_bare: dict[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """As `own_servers`, but with the module's bare server in place (it only ever forks
+    servers, which `warm_start.forked` leaves out): what the test starts is forked from it,
+    and ended after the test, the bare one kept."""
+    monkeypatch.setattr(warm_start, "_servers", dict(module_bare))
+    yield
+    for key, server in list(warm_start._servers.items()):
+        if key not in module_bare:
+            server.close()
 
 
 def _run(argv: list[str], log: Path) -> None:
@@ -296,7 +325,7 @@ PROBE = (
     ids=["checkout", "bootstrap", "relative-empty-twice"],
 )
 def test_a_server_of_another_pythonpath_is_forked_from_the_bare_one(
-    pythonpath: str, tmp_path: Path, own_servers: None
+    pythonpath: str, tmp_path: Path, forked_servers: None
 ) -> None:
     """A server whose environment differs from the bare one's in PYTHONPATH only is forked
     from it, as a ``python -c`` program (not started anew: torch is not imported again),
@@ -320,7 +349,7 @@ def test_a_server_of_another_pythonpath_is_forked_from_the_bare_one(
 
 
 def test_a_server_asked_of_a_server_that_cannot_fork_it_starts_afresh(
-    tmp_path: Path, own_servers: None
+    tmp_path: Path, forked_servers: None
 ) -> None:
     """Only the bare server serves another PYTHONPATH: a server asked of another (here the
     attached one) is started afresh by its client, and serves as well."""
@@ -522,7 +551,7 @@ def test_torchrun_itself_is_forked_but_never_from_a_server_that_preloaded_a_fram
     ids=["get", "in", "all", "none"],
 )
 def test_a_preload_that_reads_a_rank_serves_one_process_of_a_job_only(
-    source: str, one_process: bool, tmp_path: Path, own_servers: None
+    source: str, one_process: bool, tmp_path: Path, forked_servers: None
 ) -> None:
     """A server whose preload read a rank's variable when imported forks one process of a
     job, not a process of a job of several (it runs afresh, and right); one whose preload
