@@ -3,7 +3,6 @@ resumable, the same steps whatever the split over ranks, every real token weight
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +14,7 @@ from reference_trainer.corpus.corpus import Corpus
 from reference_trainer.errors import ConfigError
 from reference_trainer.model.gpt import GPT, GPTConfig, next_token_loss
 from reference_trainer.packed_step import packed_forward_backward
+from reference_trainer.stability.precision import Precision
 from reference_trainer.stream.batching import (
     PackedLoader,
     PackedStep,
@@ -198,7 +198,7 @@ def _trainer(net: GPT, world_size: int) -> Any:
         topo=SimpleNamespace(device=torch.device("cpu"), world_size=world_size),
         agent=SimpleNamespace(batch=lambda tokens: tokens),
         wrapped=net,
-        precision=SimpleNamespace(autocast=contextlib.nullcontext),
+        precision=Precision("fp32", "cpu"),
         scaler=SimpleNamespace(scale_loss=lambda loss: loss),
     )
 
