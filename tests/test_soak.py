@@ -57,8 +57,8 @@ def test_a_short_soak_holds_every_invariant_and_measures_what_faults_cost(
     # restart that loads the step-50 checkpoint, so a load is judged and a recovery timed)
     # and, at 89, a truncation of the checkpoint before the newest, when there is none:
     # skipped, not a crash (the last test here). None makes the trainer skip a step, so
-    # every step is kept. Given as steps, not
-    # minutes, so that no calibration run adds to it (the fragile test has one).
+    # every step is kept. Given as steps, not minutes, so that no calibration run adds to
+    # it (the fragile test has one).
     # The kinds this seed's plan was drawn from when it was chosen: the crashing, wedged and
     # fail-slow kinds the soak draws by default since (each a torchrun restart or a wait of
     # its own) are held to the invariants by test_soak_properties.py and test_crash_recovery.py.
