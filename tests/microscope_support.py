@@ -47,19 +47,20 @@ def write_microscope(
     anomaly: int | None = BLOW_UP_STEP,
     hot_layer: str = HOT_LAYER,
     blow_up_norm: float = BLOW_UP_NORM,
+    layers: list[str] = LAYERS,
 ) -> None:
     """Records every 5 steps and around ``anomaly``, where ``hot_layer``'s gradient norm is
     ``blow_up_norm`` and its activations overflow (1e9) and go non-finite."""
     rng = np.random.default_rng(0)
-    hot = LAYERS.index(hot_layer)
+    hot = layers.index(hot_layer)
     for rank in range(ranks):
-        writer = MicroscopeWriter(run_dir, rank=rank, restart=0, layers=LAYERS, chunk_records=7)
+        writer = MicroscopeWriter(run_dir, rank=rank, restart=0, layers=layers, chunk_records=7)
         for step in range(1, steps + 1):
             why = _why(step, anomaly)
             if not why:
                 continue
-            grad = np.array([0.5 + 0.1 * k + 0.01 * step for k in range(len(LAYERS))])
-            hist = np.stack([histogram(rng.lognormal(0.0, 1.0, 400)) for _ in LAYERS])
+            grad = np.array([0.5 + 0.1 * k + 0.01 * step for k in range(len(layers))])
+            hist = np.stack([histogram(rng.lognormal(0.0, 1.0, 400)) for _ in layers])
             if step == anomaly:
                 grad[hot] = blow_up_norm
                 acts = np.concatenate([rng.lognormal(0.0, 1.0, 380), np.full(15, 1e9)])
@@ -70,8 +71,8 @@ def write_microscope(
                     why=why,
                     wall=1000.0 + step,
                     grad_norm=grad.astype(np.float32),
-                    weight_norm=np.full(len(LAYERS), 10.0, dtype=np.float32),
-                    update_ratio=np.full(len(LAYERS), 1e-3 * (1 + step / 60), dtype=np.float32),
+                    weight_norm=np.full(len(layers), 10.0, dtype=np.float32),
+                    update_ratio=np.full(len(layers), 1e-3 * (1 + step / 60), dtype=np.float32),
                     act_hist=hist,
                     allreduce_ms=ALLREDUCE_MS[rank] if ranks > 1 else math.nan,
                 )

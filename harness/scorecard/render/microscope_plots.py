@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.records.microscope_file import WHY_AFTER, WHY_ANOMALY, WHY_BEFORE, RankSeries
 from harness.scorecard.microscope_figures import Grid, Marks
-from harness.scorecard.render.plots import Plot, inline_svg
+from harness.scorecard.render.plots import Plot, inline_svg, text_inches
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,23 +36,32 @@ MAX_PANELS = 12
 # 32 half-decade bins at their centres, then the three special bins set apart.
 _LOG_X = -7.75 + 0.5 * np.arange(32)
 _ZERO_X, _OVER_X, _NAN_X = -9.75, 9.5, 11.0
+_BIN_LABELS = ["0", "1e-6", "1e-3", "1", "1e3", "1e6", "≥1e8", "nan"]
 _WHY_COLOUR = (
     (WHY_ANOMALY, "#d62728", "anomaly step"),
     (WHY_BEFORE, "#5b7fa6", "before the anomaly"),
     (WHY_AFTER, "#e69f00", "after the anomaly"),
 )
 PERIODIC = "#1f6fb4"
+#: A heatmap's colorbar, its tick labels and its label: inches at the right of its axes.
+COLORBAR_INCHES = 1.0
 
 
 def _render(
-    plot_id: str, title: str, size: tuple[float, float], draw: Callable[[Figure], None]
+    plot_id: str,
+    title: str,
+    size: tuple[float, float],
+    draw: Callable[[Figure], None],
+    *,
+    fixed: bool = False,
 ) -> Plot:
-    """A figure of ``size`` inches filled by ``draw``, as inline SVG."""
+    """A figure of ``size`` inches filled by ``draw``, as inline SVG; laid out by
+    matplotlib's constrained layout, or, ``fixed``, by the margins ``draw`` sets."""
     import matplotlib
     from matplotlib.figure import Figure
 
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": plot_id, "font.size": 8}):
-        fig = Figure(figsize=size, layout="constrained")
+        fig = Figure(figsize=size, layout=None if fixed else "constrained")
         draw(fig)
         fig.suptitle(title, x=0.01, ha="left", fontsize=10)
         buf = io.StringIO()
@@ -107,7 +116,6 @@ def heatmap(
             image = ax.imshow(
                 shown, aspect="auto", cmap=HEATMAP_CMAP, norm=norm, interpolation="none"
             )
-            fig.colorbar(image, ax=ax, label=f"{label} (log scale)", pad=0.01)
         bad = np.isinf(g.values)
         if bad.any():
             ax.imshow(
@@ -142,15 +150,35 @@ def heatmap(
             ax.vlines(recovery_x, -0.5, n_layers - 0.5, colors=RECOVERY, lw=1.2, linestyles="--")
             handles.append(_line(RECOVERY, "--", "recovered / restart / resume"))
         ticks, labels = _column_labels(g)
-        ax.set_xticks(ticks, labels, rotation=45 if len(labels) > 6 else 0, fontsize=7)
+        turned = len(labels) > 6
+        ax.set_xticks(ticks, labels, rotation=45 if turned else 0, fontsize=7)
         every = max(1, math.ceil(n_layers / 40))
-        ax.set_yticks(range(0, n_layers, every), [layers[i] for i in range(0, n_layers, every)])
+        rows = [layers[i] for i in range(0, n_layers, every)]
+        ax.set_yticks(range(0, n_layers, every), rows)
         ax.tick_params(axis="y", labelsize=7)
         ax.set_xlabel("recorded step" + (f" (groups of {g.group}, max)" if g.group > 1 else ""))
+        room = _heatmap_margins(fig, rows, labels if turned else [], math.ceil(len(handles) / 4))
+        if finite.size:  # after the margins: the colorbar takes its inches from the axes'
+            fraction = COLORBAR_INCHES / room
+            fig.colorbar(image, ax=ax, label=f"{label} (log scale)", fraction=fraction, pad=0.01)
         if handles:
-            fig.legend(handles=handles, loc="outside lower center", ncols=4, frameon=False)
+            fig.legend(handles=handles, loc="lower center", ncols=4, frameon=False)
 
-    return _render(plot_id, title, (9.0, height), draw)
+    return _render(plot_id, title, (9.0, height), draw, fixed=True)
+
+
+def _heatmap_margins(fig: Figure, rows: Sequence[str], turned: Sequence[str], legend: int) -> float:
+    """Fixed margins around a heatmap: its row labels on the left, its column labels
+    (``turned``: those set at 45 degrees) and ``legend`` rows of legend below; returns the
+    axes' width in inches, the colorbar's included. Matplotlib's constrained layout measured
+    every tick label twice more than drawing does: 45% of the HTML scorecard's rendering."""
+    width, height = fig.get_size_inches()
+    left = text_inches(rows, 7) + 0.2
+    below = 0.45 + (text_inches(turned, 7) * 0.71 if turned else 0.0) + 0.2 * legend
+    fig.subplots_adjust(
+        left=left / width, right=1 - 0.1 / width, top=1 - 0.38 / height, bottom=below / height
+    )
+    return float(width - left - 0.1)
 
 
 def _line(colour: str, style: str, label: str, lw: float = 1.4, alpha: float = 1.0) -> Any:
@@ -199,13 +227,14 @@ def ridgelines(
     whys = [int(series.why[i]) for i in records]
 
     def draw(fig: Figure) -> None:
+        panel = _grid_margins(fig, nrows, ncols, [str(series.steps[i]) for i in records])
         axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
         for n, ax in enumerate(axes.flat):
             if n >= len(panels):
                 ax.set_visible(False)
                 continue
             _ridge(ax, series, panels[n], records)
-            ax.set_title(layers[panels[n]], fontsize=8, loc="left")
+            ax.set_title(_shortened(layers[panels[n]], panel, 8), fontsize=8, loc="left")
             if n % ncols == 0:
                 ax.set_yticks(
                     [len(records) - 1 - j for j in range(len(records))],
@@ -215,10 +244,7 @@ def ridgelines(
         for ax in axes.flat:
             ax.tick_params(axis="x", labelbottom=True)  # every panel: rows above gaps too
             ax.set_xticks(
-                [_ZERO_X, -6, -3, 0, 3, 6, _OVER_X, _NAN_X],
-                ["0", "1e-6", "1e-3", "1", "1e3", "1e6", "≥1e8", "nan"],
-                fontsize=6.5,
-                rotation=90,
+                [_ZERO_X, -6, -3, 0, 3, 6, _OVER_X, _NAN_X], _BIN_LABELS, fontsize=6.5, rotation=90
             )
         fig.supylabel("step", fontsize=8)
         # Fill only: a stroke of these colours is left to the bins that hold counts.
@@ -233,10 +259,44 @@ def ridgelines(
             Patch(facecolor=OVERFLOW, edgecolor="none", label="≥1e8 (overflow)"),
             Patch(facecolor=NONFINITE, edgecolor="none", label="nan/inf"),
         ]
-        fig.legend(handles=handles, loc="outside lower center", ncols=6, frameon=False)
+        fig.legend(handles=handles, loc="lower center", ncols=6, frameon=False)
 
     title = "Activation histograms: |activation| in log10 bins; zero, overflow, nan/inf apart"
-    return _render(plot_id, title, (9.0, height), draw)
+    return _render(plot_id, title, (9.0, height), draw, fixed=True)
+
+
+def _grid_margins(fig: Figure, nrows: int, ncols: int, steps: Sequence[str]) -> float:
+    """Fixed margins and gaps (inches) for the ridgelines' panels: the step labels and the
+    figure's y label on the left; above each row its panels' titles (the figure's title
+    above the first), below it their bin labels, turned (and the legend's row below the
+    last). As for heatmaps, in place of the constrained layout's three measures of each.
+    Returns a panel's width in inches."""
+    width, height = fig.get_size_inches()
+    left = 0.3 + text_inches(steps, 6.5) + 0.1
+    under = text_inches(_BIN_LABELS, 6.5) + 0.12
+    title, top, bottom, between = 0.2, 0.3, 0.3, 0.12
+    panel_height = (height - top - bottom - nrows * (title + under)) / nrows
+    panel_width = (width - left - 0.1 - (ncols - 1) * between) / ncols
+    fig.subplots_adjust(
+        left=left / width,
+        right=1 - 0.1 / width,
+        top=1 - (top + title) / height,
+        bottom=(bottom + under) / height,
+        hspace=(title + under) / panel_height,
+        wspace=between / panel_width,
+    )
+    return float(panel_width)
+
+
+def _shortened(name: str, inches: float, points: float) -> str:
+    """``name``, its middle cut out (``…``) until it fits ``inches`` at ``points``: a panel's
+    title never runs into the next panel's."""
+    keep = len(name)
+    shown = name
+    while keep > 8 and text_inches([shown], points) > inches:
+        keep -= 2
+        shown = f"{name[: keep // 2]}…{name[len(name) - keep // 2 :]}"
+    return shown
 
 
 def _ridge(ax: Any, series: RankSeries, layer: int, records: Sequence[int]) -> None:
