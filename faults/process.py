@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field
@@ -32,6 +31,7 @@ from pydantic import Field
 from faults.bias import Bias
 from faults.errors import InjectionError
 from faults.injector import Injection, Injector, StepContext
+from faults.proc_stat import START_TIME, stat_fields
 from faults.spec import FaultClass, FaultSpec
 
 #: The environment variable in which a helper process says what started it, so that one
@@ -78,7 +78,7 @@ if same():
 def _start_time(pid: int) -> str:
     """The process start time from /proc (empty where /proc is not available)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        return stat_fields(pid)[START_TIME]
     except (OSError, IndexError):
         return ""
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from xdist.remote import Producer
 
+from faults.proc_stat import PPID, STATE, stat_fields
 from harness.running import warm_start
 from tests import lanes
 
@@ -213,8 +214,8 @@ def _carrying(name: str, value: str, *, spare_children: bool) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            state, ppid = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[:2]
-            if state == "Z" or (spare_children and int(ppid) == os.getpid()):
+            fields = stat_fields(entry.name)
+            if fields[STATE] == "Z" or (spare_children and int(fields[PPID]) == os.getpid()):
                 continue
             if needle in Path(entry.path, "environ").read_bytes().split(b"\0"):
                 found.append(int(entry.name))

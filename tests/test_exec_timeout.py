@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from faults.proc_stat import state as proc_state
 from harness.commands.main import main as tightrope
 
 from .conftest import ROOT
@@ -38,10 +39,9 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return proc_state(pid) != "Z"
     except (OSError, IndexError):
         return False
-    return state != "Z"
 
 
 def gone(pids: list[int], within: float = 5.0) -> bool:

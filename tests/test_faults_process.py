@@ -15,6 +15,7 @@ import pytest
 
 from faults.errors import FaultSpecError, InjectionError
 from faults.injector import StepContext
+from faults.proc_stat import state as proc_state
 from faults.process import (
     HangInjector,
     HangSpec,
@@ -60,7 +61,7 @@ def spawn() -> Iterator[Spawn]:
 def state(pid: int) -> str:
     """The process state letter from /proc (R, S, T, Z...), or '-' when gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return proc_state(pid)
     except FileNotFoundError:
         return "-"
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from faults.proc_stat import state as proc_state
 from harness.running.process_tree import descendants
 
 
@@ -30,5 +31,4 @@ def test_a_child_that_ended_unreaped_serves_nobody_but_is_still_below_its_parent
 
 
 def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+    return proc_state(pid)

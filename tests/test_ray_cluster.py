@@ -27,6 +27,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from faults.proc_stat import state as proc_state
 from harness.running import warm_start
 from harness.running.process_tree import descendants
 from harness.running.ray_executor import RayExecutor
@@ -84,7 +85,7 @@ class _Watch:
         left = []
         for pid in sorted(self.seen):
             try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                state = proc_state(pid)
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue

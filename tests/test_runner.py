@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from faults.proc_stat import state as proc_state
 from harness.running.baseline import baseline_key
 from harness.running.runner import Runner, RunOptions, run_suite
 from harness.suites.scenario import TrainerSpec
@@ -168,12 +169,10 @@ def test_an_orphaned_child_of_the_trainer_is_ended_with_the_launch(tmp_path: Pat
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+        if proc_state(pid) == "Z":
             break  # a zombie waiting for its reaper is ended
         time.sleep(0.1)
-    alive = Path(f"/proc/{pid}").exists() and (
-        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    )
+    alive = Path(f"/proc/{pid}").exists() and proc_state(pid) != "Z"
     assert not alive
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from faults.proc_stat import state as proc_state
 from harness.errors import JournalError
 from harness.inside import warm_server
 from harness.inside.exec_env import BOOTSTRAP_DIR
@@ -173,10 +174,9 @@ def _steps(run_dir: Path) -> int:
 
 def _alive(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return proc_state(pid) != "Z"
     except OSError:
         return False
-    return state != "Z"
 
 
 def test_a_signal_reaches_the_child_and_its_exit_comes_back(tmp_path: Path, warm: None) -> None:

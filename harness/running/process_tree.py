@@ -15,6 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from faults.proc_stat import PPID, STATE, stat_fields
 from faults.process import STARTED_BY_ENV
 
 
@@ -30,11 +31,8 @@ def descendants(pid: int, *, zombies: bool = True) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            with open(os.path.join(entry.path, "stat")) as f:
-                stat = f.read()
-            # The command name may hold spaces and parentheses: fields follow the last ")".
-            state, ppid_field = stat.rsplit(")", 1)[1].split()[:2]
-            ppid = int(ppid_field)
+            fields = stat_fields(entry.name)
+            state, ppid = fields[STATE], int(fields[PPID])
         except (OSError, IndexError, ValueError):
             continue  # it exited while we looked
         if state == "Z" and not zombies:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from faults.proc_stat import state
 from harness.run_layout import RunLayout
 from reference_trainer.processes import collective_counts
 from reference_trainer.processes.wedge import classify, culprits
@@ -42,8 +43,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 def _alive(pid: int) -> bool:
     """The process exists and is not a zombie (a stopped one is alive)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return state(pid) != "Z"
     except FileNotFoundError:
         return False
     except OSError:

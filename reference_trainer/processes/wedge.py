@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faults.proc_stat import STATE, STIME, UTIME, stat_fields
+
 #: Share of the looks in which a silent rank must have a thread in state R to be busy.
 BUSY_SHARE = 0.6
 #: Seconds the stalled ranks are looked at over, and the looks taken.
@@ -29,19 +31,19 @@ WINDOW = 0.5
 LOOKS = 10
 
 
-def _fields(path: Path) -> list[str] | None:
+def _fields(pid: int, thread: str | None = None) -> list[str] | None:
     try:
-        return path.read_text().rsplit(")", 1)[1].split()
+        return stat_fields(pid, thread)
     except (OSError, IndexError):
         return None
 
 
 def cpu_seconds(pid: int) -> float | None:
     """User plus system CPU seconds of every thread of ``pid``; None when it is gone."""
-    fields = _fields(Path(f"/proc/{pid}/stat"))
-    if fields is None or fields[0] == "Z":
+    fields = _fields(pid)
+    if fields is None or fields[STATE] == "Z":
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[UTIME]) + int(fields[STIME])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_states(pid: int) -> set[str]:
@@ -52,9 +54,9 @@ def thread_states(pid: int) -> set[str]:
     except OSError:
         return states
     for task in tasks:
-        fields = _fields(task / "stat")
+        fields = _fields(pid, task.name)
         if fields is not None:
-            states.add(fields[0])
+            states.add(fields[STATE])
     return states
 
 
