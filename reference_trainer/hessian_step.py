@@ -16,20 +16,15 @@ gradients are the same on every rank after the all-reduce, so every rank drops i
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.records.events import Claim, Detected
 from reference_trainer.model.sophia import SophiaG
+from reference_trainer.step_parts import StepParts, micro_batch
 from reference_trainer.stream.batching import IGNORE_INDEX
-
-if TYPE_CHECKING:
-    from reference_trainer.step_parts import StepParts
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +83,7 @@ class HessianEstimator:
         weight = trainer.topo.world_size / batch.tokens
         last = len(batch.micro) - 1
         for i, (x, targets) in enumerate(batch.micro):
-            sync = i == last or not isinstance(trainer.wrapped, DDP)
-            with (
-                contextlib.nullcontext() if sync else trainer.wrapped.no_sync(),  # type: ignore[operator]
-                trainer.precision.kernels(),
-            ):
+            with micro_batch(trainer, last=i == last):
                 with trainer.precision.autocast():
                     logits = trainer.wrapped(x)
                 labels = sampled_labels(logits, targets, generator)

@@ -9,21 +9,16 @@ W ranks, so a rank backpropagates its micro-steps' summed losses times W / count
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
+from reference_trainer.step_parts import StepParts, micro_batch
 from reference_trainer.stream.batching import (
     PackedStep,
     masked_targets,
     summed_token_loss,
 )
-
-if TYPE_CHECKING:
-    from reference_trainer.step_parts import StepParts
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +60,7 @@ def packed_forward_backward(trainer: StepParts, packed: PackedStep) -> PackedPas
         x = tokens[part, : width - 1]
         y = masked_targets(tokens[part], lengths[part], width)
         micro_batches.append((x, y))
-        sync = micro == last or not isinstance(trainer.wrapped, DDP)
-        with (
-            contextlib.nullcontext() if sync else trainer.wrapped.no_sync(),  # type: ignore[operator]
-            trainer.precision.kernels(),
-        ):
+        with micro_batch(trainer, last=micro == last):
             with trainer.precision.autocast():
                 total = summed_token_loss(trainer.wrapped(x), y)
             trainer.scaler.scale_loss(total * weight).backward()  # type: ignore[no-untyped-call]

@@ -6,7 +6,6 @@ windows, a step that runs out of memory is redone with smaller micro-batches
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ from reference_trainer.hessian_step import HessianBatch
 from reference_trainer.model.gpt import next_token_loss
 from reference_trainer.packed_step import packed_forward_backward
 from reference_trainer.stability.oom_retry import OOM_ERRORS
-from reference_trainer.step_parts import BatchParts
+from reference_trainer.step_parts import BatchParts, micro_batch
 from reference_trainer.stream.batching import PackedLoader
 
 
@@ -94,11 +93,8 @@ def _micro_batches(
     local = torch.zeros((), device=parts.topo.device)
     for micro in range(accum):
         x, y = batch[micro, :, :-1], batch[micro, :, 1:]
-        sync = micro == accum - 1 or not ddp
-        with (
-            contextlib.nullcontext() if sync else parts.wrapped.no_sync(),  # type: ignore[operator]
-            parts.precision.kernels(),
-        ):
+        last = micro == accum - 1
+        with micro_batch(parts, last=last):
             with parts.precision.autocast():
                 logits = parts.wrapped(x)
                 loss = next_token_loss(logits, y)
@@ -107,7 +103,7 @@ def _micro_batches(
                 mechanism.on_micro_batch(micro, logits, y)
                 trained = mechanism.weigh_loss(micro, logits, y, trained)
             del logits  # backward does not need them: free the (B, T, V) tensor now
-            sent[0] = ddp and sync
+            sent[0] = ddp and last
             if weight != 1.0:  # (an even share divides exactly as it always did)
                 loss = loss * weight
                 trained = trained * weight

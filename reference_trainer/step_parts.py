@@ -4,7 +4,11 @@ of the `Trainer` that holds them."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
+
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 if TYPE_CHECKING:
     import torch
@@ -46,3 +50,15 @@ class BatchParts(StepParts, Protocol):
     mechanisms: list[Mechanism]
     #: This rank's micro-batch split, halved after an out-of-memory error (None: off).
     micro_split: MicroBatchSplit | None
+
+
+@contextlib.contextmanager
+def micro_batch(parts: StepParts, *, last: bool) -> Iterator[None]:
+    """Around one micro-batch's forward and backward: DDP's ``no_sync`` unless it is the
+    ``last`` of its step (gradients are all-reduced once a step, on the last backward),
+    and the matrix-product kernels of the run's precision (`Precision.kernels`)."""
+    with contextlib.ExitStack() as stack:
+        if not last and isinstance(parts.wrapped, DDP):
+            stack.enter_context(parts.wrapped.no_sync())
+        stack.enter_context(parts.precision.kernels())
+        yield
