@@ -201,11 +201,11 @@ def test_a_signal_reaches_the_child_and_its_exit_comes_back(tmp_path: Path, warm
 
 
 #: A program that leaves a trace of each thing an interpreter's end does for it: a thread
-#: waited for, an atexit function, the ``__del__`` of objects of ``__main__`` and of a module
-#: of its own, a file it never closed (flushed), C's buffered output; then it ends as
-#: ``argv[2]`` says.
+#: waited for, an atexit function, a ``weakref.finalize`` of its own (the server's are not
+#: called), the ``__del__`` of objects of ``__main__`` and of a module of its own, a file it
+#: never closed (flushed), C's buffered output; then it ends as ``argv[2]`` says.
 ENDING = """\
-import atexit, ctypes, sys, threading, time
+import atexit, ctypes, sys, threading, time, weakref
 import helper
 
 trace = sys.argv[1]
@@ -218,6 +218,10 @@ class Noted:
         note("del main")
 
 kept = Noted()
+class Box:
+    pass
+box = Box()
+weakref.finalize(box, note, "finalize")
 left_open = open(trace + ".unclosed", "w")
 left_open.write("buffered")
 atexit.register(note, "atexit")
@@ -242,9 +246,9 @@ kept = Noted()
 
 def test_a_forked_program_ends_as_a_fresh_one_does(tmp_path: Path, warm: None) -> None:
     """A forked program does not take apart the modules it was forked with, but what its
-    end shows is a fresh end's: its threads waited for, its atexit functions, the objects
-    of its own modules finalized, its files and C's output flushed, and the same exit
-    status (a message, a traceback, a code, Ctrl-C)."""
+    end shows is a fresh end's: its threads waited for, its atexit functions and
+    finalizers, the objects of its own modules finalized, its files and C's output flushed,
+    and the same exit status (a message, a traceback, a code, Ctrl-C)."""
     (tmp_path / "ending.py").write_text(ENDING)
     (tmp_path / "helper.py").write_text(HELPER)
     for how, status in [("code", 3), ("say", 1), ("raise", 1), ("interrupt", -signal.SIGINT)]:
@@ -263,7 +267,7 @@ def test_a_forked_program_ends_as_a_fresh_one_does(tmp_path: Path, warm: None) -
         assert ends["warm"] == ends["fresh"], how
         assert ends["fresh"][0] == status
         assert ends["fresh"][1] == "from C"
-        assert ends["fresh"][3] == ["atexit", "del helper", "del main", "thread"]
+        assert ends["fresh"][3] == ["atexit", "del helper", "del main", "finalize", "thread"]
 
 
 def test_a_killed_client_takes_its_child_with_it(tmp_path: Path, warm: None) -> None:

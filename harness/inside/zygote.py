@@ -36,7 +36,7 @@ import types
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from harness.inside.ending import end, status_of
+from harness.inside.ending import end, finalizers, status_of
 
 #: What the zygote imports before forking: torch, and ``torch._dynamo``, which torch imports
 #: at the first optimizer a program makes (as much again as torch itself); the driver adds
@@ -233,7 +233,7 @@ def become(request: dict[str, Any], path: list[str]) -> NoReturn:
     (`harness.inside.ending`; never returns). ``path``: ``sys.path`` as this interpreter's
     start made it; rebuilt (`fresh_path`) when the request's PYTHONPATH is not its own,
     and the ``sitecustomize`` that start would have run imported then, not armed again."""
-    forked_with = list(sys.modules)
+    forked_with, forked_finalizers = list(sys.modules), finalizers()
     pythonpath = request["env"].get("PYTHONPATH", "")
     rebuilt = pythonpath != os.environ.get("PYTHONPATH", "")
     os.environ.clear()
@@ -277,7 +277,7 @@ def become(request: dict[str, Any], path: list[str]) -> NoReturn:
         sys.excepthook(type(exc), exc, tb)
         status, interrupted = 1, isinstance(exc, KeyboardInterrupt)
         del tb
-    end(status, forked_with, interrupted=interrupted)
+    end(status, forked_with, interrupted=interrupted, forked_finalizers=forked_finalizers)
 
 
 def pythonpath_folders(pythonpath: str, cwd: str) -> list[str]:
