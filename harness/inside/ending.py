@@ -24,8 +24,8 @@ What it skips, which a fresh interpreter would have done: the ``__del__`` of the
 objects that only the modules it was forked with hold (torch's registries), the clearing of
 those modules' own globals, the C++ destructors of static objects, and the
 ``weakref.finalize`` callbacks of objects made before the fork: torch's operator libraries,
-each taking its kernels out of the dispatcher, which made about a quarter of the CPU of a
-forked one-step training run (0.13 s of 0.5 s; every other finalizer, the program's, runs).
+each taking its kernels out of the dispatcher (17% of py-spy's samples of ten forked
+one-step training runs, server included; every other finalizer, the program's, runs).
 tests/test_warm_start.py compares the two ends (threads, atexit, ``__del__``, files, C's
 output, exit status and message).
 
@@ -174,8 +174,8 @@ def _flush_files() -> None:
     """Flush every file the program left open for writing: an interpreter's end flushes
     them as it frees them, but a collection frees a file in a cycle in no set order (its
     buffer may be closed first, and what it held lost). (The C base class of every file
-    object is tested first: ``io.IOBase`` is an ABC, whose test of each of the process's
-    objects took a sixth of a forked one-step run's CPU.)"""
+    object is tested: ``io.IOBase`` is an ABC, whose test of each of the process's objects
+    took 7% of py-spy's samples of a forked one-step run.)"""
     for obj in gc.get_objects():
         if isinstance(obj, _io._IOBase) and not isinstance(obj, io.RawIOBase):
             with contextlib.suppress(Exception):
