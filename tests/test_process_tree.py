@@ -18,7 +18,7 @@ def test_a_child_that_ended_unreaped_serves_nobody_but_is_still_below_its_parent
     running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         deadline = time.monotonic() + 30
-        while _state(ended.pid) != "Z":  # ended; this process has not waited for it
+        while proc_state(ended.pid) != "Z":  # ended; this process has not waited for it
             assert time.monotonic() < deadline, "the child never ended"
             time.sleep(0.05)
         assert {ended.pid, running.pid} <= set(descendants(os.getpid()))
@@ -28,7 +28,3 @@ def test_a_child_that_ended_unreaped_serves_nobody_but_is_still_below_its_parent
         running.kill()
         running.wait()
         ended.wait()
-
-
-def _state(pid: int) -> str:
-    return proc_state(pid)

@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.records.microscope_file import WHY_AFTER, WHY_ANOMALY, WHY_BEFORE, RankSeries
 from harness.scorecard.microscope_figures import Grid, Marks
-from harness.scorecard.render.plots import Plot, inline_svg, text_inches
+from harness.scorecard.render.plots import Plot, inline_svg, margins_in_inches, text_inches
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -172,12 +172,10 @@ def _heatmap_margins(fig: Figure, rows: Sequence[str], turned: Sequence[str], le
     (``turned``: those set at 45 degrees) and ``legend`` rows of legend below; returns the
     axes' width in inches, the colorbar's included. Matplotlib's constrained layout measured
     every tick label twice more than drawing does: 45% of the HTML scorecard's rendering."""
-    width, height = fig.get_size_inches()
+    width = fig.get_size_inches()[0]
     left = text_inches(rows, 7) + 0.2
     below = 0.45 + (text_inches(turned, 7) * 0.71 if turned else 0.0) + 0.2 * legend
-    fig.subplots_adjust(
-        left=left / width, right=1 - 0.1 / width, top=1 - 0.38 / height, bottom=below / height
-    )
+    margins_in_inches(fig, left=left, right=0.1, top=0.38, bottom=below)
     return float(width - left - 0.1)
 
 
@@ -277,11 +275,12 @@ def _grid_margins(fig: Figure, nrows: int, ncols: int, steps: Sequence[str]) -> 
     title, top, bottom, between = 0.2, 0.3, 0.3, 0.12
     panel_height = (height - top - bottom - nrows * (title + under)) / nrows
     panel_width = (width - left - 0.1 - (ncols - 1) * between) / ncols
-    fig.subplots_adjust(
-        left=left / width,
-        right=1 - 0.1 / width,
-        top=1 - (top + title) / height,
-        bottom=(bottom + under) / height,
+    margins_in_inches(
+        fig,
+        left=left,
+        right=0.1,
+        top=top + title,
+        bottom=bottom + under,
         hspace=(title + under) / panel_height,
         wspace=between / panel_width,
     )

@@ -25,6 +25,7 @@ from harness.scorecard.step_series import StepSeries, Value
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 FAULTED = "#1f6fb4"
@@ -189,17 +190,32 @@ def render_plot(
         y = ax.yaxis
         ticks = y.get_major_formatter().format_ticks(list(y.get_majorticklocs()))
         ticks += y.get_minor_formatter().format_ticks(list(y.get_minorticklocs()))
-        width, height = size
-        fig.subplots_adjust(
-            left=(MARGIN_LEFT + text_inches([_MATH.sub("", t) for t in ticks], 9)) / width,
-            right=1 - MARGIN_RIGHT / width,
-            top=1 - MARGIN_TOP / height,
-            bottom=(MARGIN_BOTTOM + LEGEND_ROW * rows) / height,
+        margins_in_inches(
+            fig,
+            left=MARGIN_LEFT + text_inches([_MATH.sub("", t) for t in ticks], 9),
+            right=MARGIN_RIGHT,
+            top=MARGIN_TOP,
+            bottom=MARGIN_BOTTOM + LEGEND_ROW * rows,
         )
         fig.legend(loc="lower center", ncols=ncols, fontsize=7.5, frameon=False)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})
     return Plot(plot_id, title, inline_svg(buf.getvalue(), plot_id))
+
+
+def margins_in_inches(
+    fig: Figure, *, left: float, right: float, top: float, bottom: float, **gaps: float
+) -> None:
+    """Set the room between ``fig``'s edges and its axes, in inches (``gaps``: matplotlib's
+    ``hspace`` and ``wspace``, fractions of a panel)."""
+    width, height = fig.get_size_inches()
+    fig.subplots_adjust(
+        left=left / width,
+        right=1 - right / width,
+        top=1 - top / height,
+        bottom=bottom / height,
+        **gaps,
+    )
 
 
 def text_inches(texts: Sequence[str], points: float) -> float:
