@@ -36,6 +36,7 @@ import types
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from harness.inside import forked_torchrun
 from harness.inside.ending import end, finalizers, status_of
 
 #: What the zygote imports before forking: torch, and ``torch._dynamo``, which torch imports
@@ -260,6 +261,9 @@ def become(request: dict[str, Any], path: list[str]) -> NoReturn:
         _site_customize() if rebuilt else _arm()
         if module:
             import runpy
+
+            if module == forked_torchrun.TORCHRUN:
+                forked_torchrun.lighten()
 
             runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
         else:
