@@ -29,7 +29,7 @@ from harness.inside.crash_hook import (
     log_path,
 )
 from harness.inside.exec_env import BOOTSTRAP_DIR, ENV_FINGERPRINT, child_env
-from harness.inside.zygote import AGENT
+from harness.inside.zygote import AGENT_PRELOAD
 from harness.run_layout import RunLayout
 from harness.running.launch import Launch, run_process
 
@@ -110,7 +110,7 @@ def start_zygote(target: Target, log: Path, preload: tuple[str, ...] = ()) -> Zy
     ``python -m MODULE``); else None."""
     if target.ranks != 1 or not forkable(target.train, target.train[0]):
         return None
-    agent = (AGENT,) if target.attach else ()
+    agent = AGENT_PRELOAD if target.attach else ()
     env = _env(target, log.parent / "run", None, None)
     return Zygote(target.train[0], env, log, (*agent, *preload))
 

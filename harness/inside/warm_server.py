@@ -47,7 +47,7 @@ import sys
 from typing import Any
 
 from harness.inside.zygote import (
-    AGENT,
+    AGENT_PRELOAD,
     become,
     pythonpath_folders,
     read_on_import,
@@ -332,7 +332,7 @@ def serve(
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.close(null)
-    warm_up(((AGENT,) if attached else ()) + preload, wrap=attached, attached=attached)
+    warm_up((AGENT_PRELOAD if attached else ()) + preload, wrap=attached, attached=attached)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
