@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import sys
 
-#: The module ``python -m`` runs as torchrun.
+#: The module ``python -m`` runs as torchrun (how the launcher's side of the warm starts,
+#: `harness.running.warm_command`, reads a torchrun command too).
 TORCHRUN = "torch.distributed.run"
 RENDEZVOUS = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 #: What torch's function returns when the stack is shallower than asked.

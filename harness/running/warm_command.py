@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harness.inside.crash_hook import installed
-
-TORCHRUN = "torch.distributed.run"
+from harness.inside.forked_torchrun import TORCHRUN
 
 #: `ast.parse` in two threads at once (a suite's scenarios launch from threads) raised
 #: "SystemError: AST constructor recursion depth mismatch" on Python 3.11.

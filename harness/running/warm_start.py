@@ -54,11 +54,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from harness.inside.exec_env import BOOTSTRAP_DIR, child_env
+from harness.inside.forked_torchrun import TORCHRUN
 from harness.inside.warm_client import SOCKET_ENV, SOCKET_OPTION
 from harness.inside.warm_server import ONE_PROCESS, static
 from harness.running.process_tree import MARK, descendants, end_by_stdin
 from harness.running.warm_command import (
-    TORCHRUN,
     Torchrun,
     own_preload,
     parse_torchrun,
