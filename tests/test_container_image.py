@@ -110,6 +110,23 @@ def test_the_base_keeps_symlinked_folders_as_links(tmp_path: Path) -> None:
     assert f"{prefix}/lib/libx.so.1" not in members
 
 
+def test_a_file_is_stored_with_its_targets_bytes_and_mode_owned_by_root(tmp_path: Path) -> None:
+    """A host file reached through a link goes into the image as its target's bytes and
+    permission bits (an interpreter stays executable), owned by root."""
+    target = tmp_path / "libx.so.1.2"
+    target.write_bytes(os.urandom(70_000))
+    target.chmod(0o751)
+    (tmp_path / "libx.so.1").symlink_to(target.name)
+    out = tmp_path / "root.tar"
+    with tarfile.open(out, "w") as tar:
+        _RootTar(tar).file(tmp_path / "libx.so.1", "usr/lib/libx.so.1")
+    with tarfile.open(out) as tar:
+        member = tar.getmember("usr/lib/libx.so.1")
+        assert member.isfile() and member.mode == 0o751
+        assert (member.uid, member.gid, member.uname, member.gname) == (0, 0, "root", "root")
+        assert tar.extractfile(member).read() == target.read_bytes()  # type: ignore[union-attr]
+
+
 @pytest.fixture(scope="module")
 def client() -> DockerClient:
     """The local Docker engine; skip (fail in CI) when it cannot be reached."""
